@@ -1,0 +1,1 @@
+"""The Flower ClientApp of the FedDB project."""

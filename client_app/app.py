@@ -1,0 +1,66 @@
+"""ClientApp: local semi-supervised training per method, APP-U shipped in the train reply.
+
+The server sends the resolved configuration (JSON) with every instruction, so clients need no
+Hydra; a client reads its own partition through `node_config["partition-id"]` and keeps its data
+resident on the training device for the life of the worker process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fssl.models import build_model
+from fssl.runtime import client_data_for, dataset_for
+from fssl.train import evaluate as evaluate_model
+from fssl.train import client_seed, make_trainer, resolve_device
+
+app = ClientApp()
+
+
+def _setup(msg: Message, context: Context):
+    cfg = json.loads(msg.content["config"]["run-config"])
+    pid = int(context.node_config["partition-id"])
+    device = resolve_device(cfg["device"])
+    ds = dataset_for(cfg)
+    model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0]).to(device)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return cfg, pid, device, ds, model
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, pid, device, ds, model = _setup(msg, context)
+    conf = msg.content["config"]
+    server_round = int(conf["server-round"])
+    data = client_data_for(cfg, pid, device)
+    trainer = make_trainer(cfg, ds.mean, ds.std, device)
+    metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid))
+    metrics["partition_id"] = pid
+    metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy of the received model on the client's labeled data."""
+    cfg, pid, device, ds, model = _setup(msg, context)
+    data = client_data_for(cfg, pid, device)
+    loss, acc, _ = evaluate_model(model, data.x_l, data.y_l, ds.mean, ds.std,
+                                  cfg["eval"]["batch_size"])
+    metrics = MetricRecord({"eval_loss": loss, "eval_accuracy": acc,
+                            "num-examples": int(len(data.y_l))})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server which partition this node holds (node ids are random per run)."""
+    info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
+                         "num-partitions": int(context.node_config.get("num-partitions", -1))})
+    return Message(content=RecordDict({"info": info}), reply_to=msg)

@@ -1,0 +1,203 @@
+"""Batched augmentation on uint8 image tensors (N x C x H x W), on whatever device they live.
+
+Every sample gets its own random parameters. Weak: horizontal flip (optional) and reflect-pad
+crop (12.5%). Strong: weak, then RandAugment with 2 ops per sample drawn from the 14 ops and
+magnitude ranges of FixMatch's Table 12 (as USB/TorchSSL), then Cutout (side U[0, 0.5] of the image).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+GRAY = 128.0
+OPS = ("identity", "autocontrast", "brightness", "color", "contrast", "equalize", "posterize",
+       "rotate", "sharpness", "shear_x", "shear_y", "solarize", "translate_x", "translate_y")
+
+
+def _rand(n: int, gen: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    return torch.rand(n, generator=gen, device=device)
+
+
+def flip_crop(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Per-sample random horizontal flip and reflect-padded random crop back to H x W."""
+    n, c, h, w = x.shape
+    pad = round(0.125 * min(h, w))
+    if flip:
+        mirror = _rand(n, gen, x.device) < 0.5
+        x = torch.where(mirror[:, None, None, None], x.flip(-1), x)
+    if pad == 0:
+        return x
+    padded = F.pad(x.float(), (pad, pad, pad, pad), mode="reflect").to(x.dtype)
+    oy = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
+    ox = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
+    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]      # N x H x 1
+    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]      # N x 1 x W
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+def weak(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -> torch.Tensor:
+    return flip_crop(x, flip, gen)
+
+
+def strong(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None,
+           num_ops: int = 2, cutout: float = 0.5) -> torch.Tensor:
+    x = flip_crop(x, flip, gen)
+    return cutout_(rand_augment(x, gen, num_ops), gen, cutout)
+
+
+def rand_augment(x: torch.Tensor, gen: torch.Generator | None = None,
+                 num_ops: int = 2) -> torch.Tensor:
+    """Apply `num_ops` ops per sample; op and magnitude (uniform in its range) drawn per sample."""
+    n = x.shape[0]
+    out = x.float()
+    for _ in range(num_ops):
+        op = (_rand(n, gen, x.device) * len(OPS)).long().clamp_max(len(OPS) - 1)
+        mag = _rand(n, gen, x.device)
+        for k, name in enumerate(OPS):
+            idx = (op == k).nonzero(as_tuple=True)[0]
+            if idx.numel() and name != "identity":
+                out[idx] = apply_op(name, out[idx], mag[idx]).clamp(0, 255)
+    return out.round().to(torch.uint8)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[1] == 1:
+        return x
+    w = torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=x.dtype)[None, :, None, None]
+    return (x * w).sum(1, keepdim=True)
+
+
+def _blend(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """b + f * (a - b) with a per-sample factor f."""
+    return b + f[:, None, None, None] * (a - b)
+
+
+def apply_op(name: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """One op on float images in [0, 255]; `m` in [0, 1] maps to the op's magnitude range."""
+    factor = 0.05 + 0.9 * m                         # enhance factors in [0.05, 0.95]
+    if name == "autocontrast":
+        lo, hi = x.amin((2, 3), keepdim=True), x.amax((2, 3), keepdim=True)
+        flat = hi <= lo
+        scale = torch.where(flat, torch.ones_like(hi), 255.0 / (hi - lo).clamp_min(1e-6))
+        return torch.where(flat, x, (x - lo) * scale)
+    if name == "brightness":
+        return _blend(x, torch.zeros_like(x), factor)
+    if name == "color":
+        return _blend(x, _gray(x).expand_as(x), factor)
+    if name == "contrast":
+        mean = _gray(x).mean((1, 2, 3), keepdim=True)
+        return _blend(x, mean.expand_as(x), factor)
+    if name == "equalize":
+        return equalize(x.round().to(torch.uint8)).float()
+    if name == "posterize":
+        bits = (4 + (m * 5).floor().clamp_max(4)).long()   # 4..8 bits kept
+        drop = (2 ** (8 - bits) - 1)[:, None, None, None]
+        xi = x.round().long()
+        return (xi - (xi & drop)).float()
+    if name == "sharpness":
+        return _blend(x, _smooth(x), factor)
+    if name == "solarize":
+        thr = (256 * m)[:, None, None, None]
+        return torch.where(x >= thr, 255 - x, x)
+    geometric = {"rotate": _rotate, "shear_x": _shear_x, "shear_y": _shear_y,
+                 "translate_x": _translate_x, "translate_y": _translate_y}
+    if name in geometric:
+        return affine(x, geometric[name](m, x.shape[-2], x.shape[-1]))
+    raise ValueError(f"unknown op {name}")
+
+
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's SMOOTH kernel, border pixels kept (as ImageEnhance.Sharpness)."""
+    c = x.shape[1]
+    k = torch.ones(3, 3, device=x.device, dtype=x.dtype)
+    k[1, 1] = 5.0
+    k = (k / k.sum()).expand(c, 1, 3, 3)
+    inner = F.conv2d(x, k, groups=c)
+    out = x.clone()
+    out[:, :, 1:-1, 1:-1] = inner
+    return out
+
+
+def equalize(x: torch.Tensor) -> torch.Tensor:
+    """Per-image, per-channel histogram equalisation of uint8 images (PIL's algorithm), batched."""
+    n, c, h, w = x.shape
+    flat = x.reshape(n * c, h * w).long()
+    hist = torch.zeros(n * c, 256, device=x.device, dtype=torch.long)
+    hist.scatter_add_(1, flat, torch.ones_like(flat))
+    last = 255 - (hist.flip(1) != 0).long().argmax(1)
+    step = (h * w - hist.gather(1, last[:, None]).squeeze(1)) // 255
+    cum = hist.cumsum(1) - hist
+    lut = ((cum + (step // 2)[:, None]) // step.clamp_min(1)[:, None]).clamp(0, 255)
+    out = torch.where((step == 0)[:, None], flat, lut.gather(1, flat))
+    return out.reshape(n, c, h, w).to(torch.uint8)
+
+
+def _eye(m: torch.Tensor) -> torch.Tensor:
+    theta = torch.zeros(len(m), 2, 3, device=m.device)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1.0
+    return theta
+
+
+def _rotate(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    rad = (-30 + 60 * m) * math.pi / 180
+    theta = _eye(m)
+    theta[:, 0, 0], theta[:, 0, 1] = rad.cos(), -rad.sin()
+    theta[:, 1, 0], theta[:, 1, 1] = rad.sin(), rad.cos()
+    return theta
+
+
+def _shear_x(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    theta = _eye(m)
+    theta[:, 0, 1] = -0.3 + 0.6 * m
+    return theta
+
+
+def _shear_y(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    theta = _eye(m)
+    theta[:, 1, 0] = -0.3 + 0.6 * m
+    return theta
+
+
+def _translate_x(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    theta = _eye(m)
+    theta[:, 0, 2] = 2 * (-0.3 + 0.6 * m)          # +-30% of the width, normalised coordinates
+    return theta
+
+
+def _translate_y(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    theta = _eye(m)
+    theta[:, 1, 2] = 2 * (-0.3 + 0.6 * m)
+    return theta
+
+
+def affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Per-sample affine warp (output -> input coordinates), nearest neighbour, gray fill."""
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.grid_sample(x - GRAY, grid, mode="nearest", padding_mode="zeros",
+                         align_corners=False) + GRAY
+
+
+def cutout_(x: torch.Tensor, gen: torch.Generator | None = None,
+            max_frac: float = 0.5) -> torch.Tensor:
+    """Gray square of side U[0, max_frac] * min(H, W) at a uniform random centre, per sample."""
+    n, _, h, w = x.shape
+    if max_frac <= 0:
+        return x
+    side = _rand(n, gen, x.device) * max_frac * min(h, w)
+    cy, cx = _rand(n, gen, x.device) * h, _rand(n, gen, x.device) * w
+    ys = torch.arange(h, device=x.device)[None, :, None] + 0.5
+    xs = torch.arange(w, device=x.device)[None, None, :] + 0.5
+    box = ((ys - cy[:, None, None]).abs() < side[:, None, None] / 2) & \
+          ((xs - cx[:, None, None]).abs() < side[:, None, None] / 2)
+    return torch.where(box[:, None], torch.full_like(x, int(GRAY) - 1), x)
+
+
+def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...],
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    m = torch.tensor(mean, device=x.device, dtype=dtype)[None, :, None, None] * 255
+    s = torch.tensor(std, device=x.device, dtype=dtype)[None, :, None, None] * 255
+    return (x.to(dtype) - m) / s

@@ -1,0 +1,173 @@
+"""Configuration: Hydra composition of `conf/`, Flower run-config mapping, and validation.
+
+Flower passes flat scalar run-config keys; Hydra is used through its compose API (no argv, no cwd
+change) so the same YAML tree drives `flwr run`, the tests and the launcher.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+GROUPS = ("method", "dataset", "partition", "model", "experiment")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and what is allowed."""
+
+
+def group_options(group: str) -> list[str]:
+    """Names selectable in a config group, e.g. ['fedavg', 'feddb', 'fixmatch'] for 'method'."""
+    root = CONF_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
+    """Translate Flower run-config keys (pyproject `[tool.flwr.app.config]`) to Hydra overrides.
+
+    An empty string means "keep the default of conf/".
+    """
+    rc = dict(run_config)
+    out: list[str] = []
+    for key in GROUPS:
+        value = rc.get(key, "")
+        if value != "":
+            out.append(f"{key}={value}")
+    simple = {"dpl": "dpl", "dma": "dma.enabled", "data-path": "dataset.path",
+              "seed": "seed", "output-dir": "output_dir", "num-server-rounds": "num_rounds"}
+    for key, target in simple.items():
+        value = rc.get(key, "")
+        if value != "":
+            out.append(f"{target}={_hydra_value(value)}")
+    extra = rc.get("overrides", "")
+    if extra:
+        out.extend(shlex.split(str(extra)))
+    return out
+
+
+def _hydra_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        # Quote so that paths with '=' or ':' survive Hydra's override grammar.
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value)
+
+
+def compose(overrides: list[str] | None = None) -> dict[str, Any]:
+    """Compose `conf/config.yaml` with Hydra overrides and return a validated plain dict."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    _check_group_choices(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"invalid override in {overrides}: {err}") from err
+    finally:
+        GlobalHydra.instance().clear()
+    validate(data)
+    return data
+
+
+def compose_from_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    return compose(run_config_to_overrides(run_config))
+
+
+def _check_group_choices(overrides: list[str]) -> None:
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.lstrip("+~")
+        if sep and key in GROUPS:
+            options = group_options(key)
+            if value not in options:
+                raise ConfigError(
+                    f"unknown {key} '{value}': choose one of {', '.join(options)}"
+                    f" (run-config key `{key}`)"
+                )
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid value for `{key}`: {value!r}; allowed: {allowed}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    """Check types and ranges of the resolved configuration before anything runs."""
+    fl, tr, dma, server = cfg["fl"], cfg["train"], cfg["dma"], cfg["server"]
+    part, model, data = cfg["partition"], cfg["model"], cfg["dataset"]
+    _require(isinstance(cfg["seed"], int) and not isinstance(cfg["seed"], bool), "seed",
+             cfg["seed"], "an integer")
+    _require(isinstance(cfg["num_rounds"], int) and cfg["num_rounds"] >= 1, "num_rounds",
+             cfg["num_rounds"], "an integer >= 1")
+    _require(isinstance(cfg["dpl"], bool), "dpl", cfg["dpl"], "true or false")
+    _require(isinstance(dma["enabled"], bool), "dma.enabled", dma["enabled"], "true or false")
+    _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", cfg["device"], "auto, cpu, cuda")
+    _require(isinstance(fl["num_clients"], int) and fl["num_clients"] >= 1, "fl.num_clients",
+             fl["num_clients"], "an integer >= 1")
+    _require(_number(fl["fraction_train"]) and 0 < fl["fraction_train"] <= 1,
+             "fl.fraction_train", fl["fraction_train"], "a number in (0, 1]")
+    _require(_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
+             "fl.fraction_evaluate", fl["fraction_evaluate"], "a number in [0, 1]")
+    _require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,
+             "fl.min_train_clients", fl["min_train_clients"], "an integer >= 1")
+    _require(_number(tr["tau"]) and 0 < tr["tau"] <= 1, "train.tau", tr["tau"],
+             "a number with 0 < tau <= 1")
+    _require(tr["mode"] in ("fullbatch", "minibatch"), "train.mode", tr["mode"],
+             "fullbatch, minibatch")
+    _require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
+             tr["lr_schedule"], "cosine, constant")
+    _require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",
+             tr["unlabeled_loss_norm"], "all, confident")
+    for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):
+        _require(_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
+    for key in ("local_epochs", "batch_size", "mu", "infer_batch_size"):
+        _require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
+                 "an integer >= 1")
+    _require(_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",
+             cfg["app_u"]["gamma"], "a number in [0, 1)")
+    _require(dma["mode"] in ("softmax", "literal", "exact"), "dma.mode", dma["mode"],
+             "softmax, literal, exact")
+    _require(dma["optimizer"] in ("sgd", "adam"), "dma.optimizer", dma["optimizer"], "sgd, adam")
+    _require(isinstance(dma["steps"], int) and dma["steps"] >= 0, "dma.steps", dma["steps"],
+             "an integer >= 0")
+    _require(_number(dma["lr"]) and dma["lr"] > 0, "dma.lr", dma["lr"], "a number > 0")
+    _require(_number(server["lr"]) and server["lr"] > 0, "server.lr", server["lr"], "a number > 0")
+    _require(_number(server["momentum"]) and 0 <= server["momentum"] < 1, "server.momentum",
+             server["momentum"], "a number in [0, 1)")
+    _require(server["weighting"] in ("uniform", "samples"), "server.weighting",
+             server["weighting"], "uniform, samples")
+    _require(part["mode"] in ("iid", "dirichlet"), "partition.mode", part["mode"],
+             "iid, dirichlet")
+    if part["mode"] == "dirichlet":
+        _require(_number(part["delta"]) and part["delta"] > 0, "partition.delta",
+                 part["delta"], "a number > 0 (the Dirichlet concentration delta)")
+    _require(isinstance(part["min_size"], int) and part["min_size"] >= 1, "partition.min_size",
+             part["min_size"], "an integer >= 1")
+    _require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
+             "batchstat, bn, gn")
+    _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
+             "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
+    _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
+             "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
+
+
+def clients_per_round(cfg: dict[str, Any]) -> int:
+    fl = cfg["fl"]
+    return max(1, min(fl["num_clients"], round(fl["fraction_train"] * fl["num_clients"])))

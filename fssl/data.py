@@ -1,0 +1,239 @@
+"""Datasets: CIFAR-10/100 and SVHN in torchvision's on-disk formats, a generic `.npz`, and the
+embedded MNIST-10k. Every loader returns uint8 images as N x H x W x C and int64 labels.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DIST_NAME = "feddb-flower"
+EMBEDDED = "fssl/assets/mnist10k.npz"
+
+
+class DataError(ValueError):
+    """The dataset is missing or malformed; the message says where and how to fix it."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W)."""
+        n, h, w, c = self.x_train.shape
+        return c, h, w
+
+
+def embedded_candidates() -> list[Path]:
+    """Where the embedded MNIST-10k may live: beside this module, or in the installed project.
+
+    Flower installs the app bundle (Python/TOML/YAML only) under $FLWR_HOME/apps, so the data is
+    also looked up in the pip-installed distribution (editable installs point at the source tree).
+    """
+    here = Path(__file__).resolve().parents[1] / EMBEDDED
+    found = [here]
+    try:
+        dist = metadata.distribution(DIST_NAME)
+        found.append(Path(str(dist.locate_file(EMBEDDED))))
+        direct = dist.read_text("direct_url.json")
+        if direct:
+            url = json.loads(direct).get("url", "")
+            if url.startswith("file://"):
+                found.append(Path(url[len("file://"):]) / EMBEDDED)
+    except metadata.PackageNotFoundError:
+        pass
+    return found
+
+
+def load_dataset(dcfg: dict[str, Any]) -> Dataset:
+    name, path = dcfg["name"], dcfg.get("path") or ""
+    if name == "mnist10k":
+        if path:
+            candidates = [Path(path).expanduser()]
+        else:
+            candidates = embedded_candidates()
+        for cand in candidates:
+            if cand.is_file():
+                return _from_arrays("mnist10k", _read_npz(cand), dcfg)
+        raise DataError(
+            "embedded MNIST-10k not found; looked in: " + ", ".join(map(str, candidates))
+            + ". Reinstall the project (`pip install -e .`) or pass data-path='/abs/mnist10k.npz'."
+        )
+    if name == "npz":
+        if not path:
+            raise DataError("dataset npz needs a file: set data-path='/abs/path/data.npz'")
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise DataError(f"npz file not found: {file.resolve()} (run-config key data-path)")
+        return _from_arrays("npz", _read_npz(file), dcfg)
+    root = Path(path or "data").expanduser()
+    readers = {"cifar10": _read_cifar10, "cifar100": _read_cifar100, "svhn": _read_svhn}
+    if name not in readers:
+        raise DataError(f"unknown dataset '{name}': choose one of mnist10k, cifar10, cifar100, "
+                        "svhn, npz")
+    if dcfg.get("download") and not _has_files(name, root):
+        _download(name, root)
+    if not _has_files(name, root):
+        raise DataError(
+            f"{name} not found in {root.resolve()}: expected {', '.join(EXPECTED[name])}. "
+            f"Download it with torchvision (e.g. torchvision.datasets.{TV_CLASS[name]}("
+            f"'{root}', download=True)) or set dataset.download=true, or point data-path at "
+            "the directory that holds it."
+        )
+    return _from_arrays(name, readers[name](root), dcfg)
+
+
+EXPECTED = {
+    "cifar10": ["cifar-10-batches-py/data_batch_1..5", "cifar-10-batches-py/test_batch"],
+    "cifar100": ["cifar-100-python/train", "cifar-100-python/test"],
+    "svhn": ["train_32x32.mat", "test_32x32.mat"],
+}
+TV_CLASS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "svhn": "SVHN"}
+
+
+def _has_files(name: str, root: Path) -> bool:
+    files = {
+        "cifar10": [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)]
+        + ["cifar-10-batches-py/test_batch"],
+        "cifar100": ["cifar-100-python/train", "cifar-100-python/test"],
+        "svhn": ["train_32x32.mat", "test_32x32.mat"],
+    }[name]
+    return all((root / f).is_file() for f in files)
+
+
+def _download(name: str, root: Path) -> None:
+    import torchvision  # the downloaders write exactly the formats read below
+
+    root.mkdir(parents=True, exist_ok=True)
+    cls = getattr(torchvision.datasets, TV_CLASS[name])
+    try:
+        if name == "svhn":
+            cls(str(root), split="train", download=True)
+            cls(str(root), split="test", download=True)
+        else:
+            cls(str(root), train=True, download=True)
+    except Exception as err:  # network errors come in many types
+        raise DataError(f"download of {name} into {root.resolve()} failed: {err}") from err
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """CIFAR batches are pickles; allow only the numpy pieces they need, never arbitrary code."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a dataset file")
+
+
+def _load_pickle(file: Path) -> dict:
+    with open(file, "rb") as f:
+        obj = _ArrayUnpickler(io.BytesIO(f.read()), encoding="latin1").load()
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def _cifar_images(flat: Any) -> np.ndarray:
+    return np.asarray(flat, dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+
+
+def _read_cifar10(root: Path) -> dict[str, np.ndarray]:
+    base = root / "cifar-10-batches-py"
+    batches = [_load_pickle(base / f"data_batch_{i}") for i in range(1, 6)]
+    test = _load_pickle(base / "test_batch")
+    return {
+        "x_train": np.concatenate([_cifar_images(b["data"]) for b in batches]),
+        "y_train": np.concatenate([np.asarray(b["labels"]) for b in batches]),
+        "x_test": _cifar_images(test["data"]),
+        "y_test": np.asarray(test["labels"]),
+        "num_classes": 10,
+    }
+
+
+def _read_cifar100(root: Path) -> dict[str, np.ndarray]:
+    base = root / "cifar-100-python"
+    train, test = _load_pickle(base / "train"), _load_pickle(base / "test")
+    return {
+        "x_train": _cifar_images(train["data"]), "y_train": np.asarray(train["fine_labels"]),
+        "x_test": _cifar_images(test["data"]), "y_test": np.asarray(test["fine_labels"]),
+        "num_classes": 100,
+    }
+
+
+def _read_svhn(root: Path) -> dict[str, np.ndarray]:
+    from scipy.io import loadmat
+
+    out: dict[str, Any] = {"num_classes": 10}
+    for split in ("train", "test"):
+        mat = loadmat(str(root / f"{split}_32x32.mat"))
+        out[f"x_{split}"] = np.ascontiguousarray(mat["X"].transpose(3, 0, 1, 2))
+        y = mat["y"].astype(np.int64).reshape(-1)
+        out[f"y_{split}"] = np.where(y == 10, 0, y)  # SVHN stores digit 0 as label 10
+    return out
+
+
+def _read_npz(file: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
+            if missing:
+                raise DataError(f"{file}: missing arrays {missing}; an .npz needs x_train, "
+                                "y_train, x_test, y_test")
+            return {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    except (OSError, ValueError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{file}: not a readable .npz without pickles ({err})") from err
+
+
+def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dataset:
+    xs, ys = {}, {}
+    for split in ("train", "test"):
+        x, y = np.asarray(arrays[f"x_{split}"]), np.asarray(arrays[f"y_{split}"])
+        if x.dtype != np.uint8:
+            raise DataError(f"{name}: x_{split} must be uint8 images, got {x.dtype}")
+        if x.ndim == 3:
+            x = x[..., None]
+        if x.ndim != 4 or x.shape[-1] not in (1, 3):
+            raise DataError(f"{name}: x_{split} must be N x H x W or N x H x W x C (C = 1 or 3), "
+                            f"got shape {x.shape}")
+        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"{name}: y_{split} must be {len(x)} integer labels, got "
+                            f"{y.dtype} {y.shape}")
+        xs[split], ys[split] = x, y.astype(np.int64)
+    if xs["train"].shape[1:] != xs["test"].shape[1:]:
+        raise DataError(f"{name}: train images {xs['train'].shape[1:]} and test images "
+                        f"{xs['test'].shape[1:]} differ in shape")
+    k = int(arrays.get("num_classes") or ys["train"].max() + 1)
+    for split, y in ys.items():
+        if y.min() < 0 or y.max() >= k:
+            raise DataError(f"{name}: y_{split} has labels outside 0..{k - 1}")
+    if len(np.unique(ys["train"])) != k:
+        raise DataError(f"{name}: y_train must contain every class 0..{k - 1}")
+    channels = xs["train"].shape[-1]
+    mean, std = dcfg.get("mean"), dcfg.get("std")
+    if mean is None or std is None:
+        pixels = xs["train"].reshape(-1, channels).astype(np.float64) / 255.0
+        mean, std = pixels.mean(0).tolist(), (pixels.std(0) + 1e-8).tolist()
+    if len(mean) != channels or len(std) != channels:
+        raise DataError(f"{name}: mean/std need {channels} values, got {mean} / {std}")
+    return Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], k,
+                   tuple(float(m) for m in mean), tuple(float(s) for s in std))

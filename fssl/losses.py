@@ -1,0 +1,38 @@
+"""APP-U, debiased pseudo-labeling (DPL) and the semi-supervised loss terms (paper section 4)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def app_u(probs: torch.Tensor) -> torch.Tensor:
+    """Average prediction probability over samples (dim 0): a K-vector, never a scalar."""
+    return probs.mean(dim=0)
+
+
+def momentum_update(prior: torch.Tensor, epoch_estimate: torch.Tensor, gamma: float) -> torch.Tensor:
+    """p_bar <- gamma * p_bar + (1 - gamma) * p_bar^e (Algorithm 2)."""
+    return gamma * prior + (1.0 - gamma) * epoch_estimate
+
+
+def debias(probs: torch.Tensor, prior: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """p_hat = normalize(p(y|x) / p_bar), the prior clamped at eps (equation 8)."""
+    scaled = probs / prior.clamp_min(eps)[None, :]
+    return scaled / scaled.sum(dim=1, keepdim=True)
+
+
+def pseudo_label(probs: torch.Tensor, tau: float, prior: torch.Tensor | None = None,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard pseudo-labels and the confidence mask max p >= tau; debiased first when a prior is given."""
+    if prior is not None:
+        probs = debias(probs, prior, eps)
+    conf, labels = probs.max(dim=1)
+    return labels, conf >= tau
+
+
+def masked_ce(logits: torch.Tensor, labels: torch.Tensor, denominator: int) -> torch.Tensor:
+    """Sum of CE over the given (confident) samples divided by `denominator` (N_u in the paper)."""
+    if logits.shape[0] == 0:
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits, labels, reduction="sum") / max(denominator, 1)

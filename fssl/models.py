@@ -1,0 +1,107 @@
+"""Models: WRN-28-2 (the paper's) and a small CNN, both with the normalisation switch:
+`batchstat` (BatchNorm without running statistics: batch statistics in train and eval, as the
+authors' code), `bn` (BatchNorm with running statistics, aggregated like weights) and `gn` (GroupNorm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def norm_layer(kind: str, channels: int, gn_groups: int = 8, bn_momentum: float = 0.1) -> nn.Module:
+    if kind == "batchstat":
+        return nn.BatchNorm2d(channels, track_running_stats=False)
+    if kind == "bn":
+        return nn.BatchNorm2d(channels, momentum=bn_momentum)
+    if kind == "gn":
+        groups = gn_groups if channels % gn_groups == 0 else 1
+        return nn.GroupNorm(groups, channels)
+    raise ValueError(f"unknown model.norm '{kind}': choose batchstat, bn, gn")
+
+
+class BasicBlock(nn.Module):
+    """Pre-activation residual block (norm -> ReLU -> conv), 1x1 shortcut when the shape changes."""
+
+    def __init__(self, cin: int, cout: int, stride: int, norm: Any) -> None:
+        super().__init__()
+        self.n1, self.c1 = norm(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n2, self.c2 = norm(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.relu = nn.ReLU()
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Conv2d(cin, cout, 1, stride, 0, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        o = self.relu(self.n1(x))
+        y = self.c1(o)
+        y = self.c2(self.relu(self.n2(y)))
+        return y + (self.shortcut(o) if self.shortcut is not None else x)
+
+
+class WideResNet(nn.Module):
+    def __init__(self, num_classes: int, in_channels: int = 3, depth: int = 28, widen: int = 2,
+                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1) -> None:
+        super().__init__()
+        n = (depth - 4) // 6
+        ch = [16, 16 * widen, 32 * widen, 64 * widen]
+        make_norm = lambda c: norm_layer(norm, c, gn_groups, bn_momentum)  # noqa: E731
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, ch[0], 3, 1, 1, bias=False)]
+        for stage, stride in zip(range(3), (1, 2, 2)):
+            for i in range(n):
+                cin = ch[stage] if i == 0 else ch[stage + 1]
+                layers.append(BasicBlock(cin, ch[stage + 1], stride if i == 0 else 1, make_norm))
+        layers += [make_norm(ch[3]), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(ch[3], num_classes)
+        _init(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+class SmallCNN(nn.Module):
+    """Three conv-norm-ReLU blocks (two max-pools), global average pool, linear head."""
+
+    def __init__(self, num_classes: int, in_channels: int = 1, width: int = 16,
+                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1) -> None:
+        super().__init__()
+        w = [width, 2 * width, 4 * width]
+        layers: list[nn.Module] = []
+        cin = in_channels
+        for i, cout in enumerate(w):
+            layers += [nn.Conv2d(cin, cout, 3, 1, 1, bias=False),
+                       norm_layer(norm, cout, gn_groups, bn_momentum), nn.ReLU()]
+            if i < 2:
+                layers.append(nn.MaxPool2d(2))
+            cin = cout
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(w[-1], num_classes)
+        _init(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+def _init(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
+
+def build_model(mcfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Module:
+    common = dict(norm=mcfg["norm"], gn_groups=mcfg.get("gn_groups", 8),
+                  bn_momentum=mcfg.get("bn_momentum", 0.1))
+    if mcfg["name"] == "cnn":
+        return SmallCNN(num_classes, in_channels, width=mcfg.get("width", 16), **common)
+    if mcfg["name"] == "wrn28_2":
+        return WideResNet(num_classes, in_channels, depth=28, widen=mcfg.get("width", 2), **common)
+    raise ValueError(f"unknown model '{mcfg['name']}': choose cnn, wrn28_2")

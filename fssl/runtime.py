@@ -1,0 +1,54 @@
+"""Per-process caches: a worker loads its dataset and partition once and reuses them every round."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import torch
+
+from .data import Dataset, load_dataset
+from .partition import Partition, partition_from_cfg
+from .train import ClientData, client_data
+
+
+def _data_key(cfg: dict) -> str:
+    keys = {"dataset": cfg["dataset"], "partition": cfg["partition"], "seed": cfg["seed"],
+            "num_clients": cfg["fl"]["num_clients"]}
+    return json.dumps(keys, sort_keys=True)
+
+
+@lru_cache(maxsize=2)
+def _dataset(dataset_json: str) -> Dataset:
+    return load_dataset(json.loads(dataset_json))
+
+
+def dataset_for(cfg: dict) -> Dataset:
+    return _dataset(json.dumps(cfg["dataset"], sort_keys=True))
+
+
+@lru_cache(maxsize=2)
+def _partition(key: str) -> Partition:
+    cfg = json.loads(key)
+    ds = _dataset(json.dumps(cfg["dataset"], sort_keys=True))
+    full = {"dataset": cfg["dataset"], "partition": cfg["partition"], "seed": cfg["seed"],
+            "fl": {"num_clients": cfg["num_clients"]}}
+    return partition_from_cfg(full, ds.y_train, ds.num_classes)
+
+
+def partition_for(cfg: dict) -> Partition:
+    return _partition(_data_key(cfg))
+
+
+_CLIENTS: dict[tuple[str, int, str], ClientData] = {}
+
+
+def client_data_for(cfg: dict, pid: int, device: torch.device) -> ClientData:
+    """The client's labeled/unlabeled tensors, resident on `device`, built once per process."""
+    key = (_data_key(cfg), pid, str(device))
+    if key not in _CLIENTS:
+        part = partition_for(cfg)
+        if not 0 <= pid < part.num_clients:
+            raise ValueError(f"partition-id {pid} is outside 0..{part.num_clients - 1}")
+        _CLIENTS[key] = client_data(dataset_for(cfg), part, pid, device)
+    return _CLIENTS[key]

@@ -1,0 +1,252 @@
+"""Local training, one class per algorithm with small hooks (in the spirit of USB).
+
+`LocalTrainer.fit` runs one client round: APP-U of the received model over weak views of ALL the
+client's unlabeled data, the method's round set-up (e.g. pseudo-labels), E local epochs, and the
+momentum APP-U estimate p_bar <- gamma p_bar + (1 - gamma) p_bar^e. Every method ships APP-U.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import augment
+from .data import Dataset
+from .losses import app_u, masked_ce, momentum_update, pseudo_label
+from .partition import Partition
+
+
+@dataclass
+class ClientData:
+    x_l: torch.Tensor          # uint8 N_l x C x H x W, on the training device
+    y_l: torch.Tensor
+    x_u: torch.Tensor          # uint8 N_u x C x H x W (own labeled images included)
+    y_u: torch.Tensor          # hidden true labels, used for metrics only
+
+
+def to_nchw(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)
+
+
+def client_data(ds: Dataset, part: Partition, pid: int, device: torch.device) -> ClientData:
+    li, ui = part.labeled[pid], part.unlabeled[pid]
+    return ClientData(to_nchw(ds.x_train[li], device), torch.from_numpy(ds.y_train[li]).to(device),
+                      to_nchw(ds.x_train[ui], device), torch.from_numpy(ds.y_train[ui]).to(device))
+
+
+def client_seed(seed: int, server_round: int, pid: int) -> int:
+    """Seed of one client round; workers are reused in arbitrary order, so seed per task."""
+    return int(np.random.SeedSequence([seed, server_round, pid]).generate_state(1)[0])
+
+
+def cosine_lr(base: float, server_round: int, num_rounds: int, schedule: str) -> float:
+    """Learning rate of round t (1-based): cosine annealing over the rounds, stepped per round."""
+    if schedule == "constant":
+        return base
+    return base * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
+
+
+class LocalTrainer:
+    """Base: supervised loss on labeled weak views; subclasses add the unlabeled part."""
+
+    uses_unlabeled = False
+
+    def __init__(self, cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device):
+        self.cfg, self.tr = cfg, cfg["train"]
+        self.mean, self.std, self.device = ds_mean, ds_std, device
+        self.flip = bool(cfg["dataset"]["flip"])
+        self.dpl = bool(cfg["dpl"])
+
+    # -- helpers ---------------------------------------------------------------------------
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        return augment.normalize(x, self.mean, self.std)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Softmax probabilities of a no-grad pass in fixed chunks (model in eval mode)."""
+        was_training = model.training
+        model.eval()
+        bs = self.tr["infer_batch_size"]
+        out = torch.cat([F.softmax(model(self.norm(x[i:i + bs])).float(), 1)
+                         for i in range(0, len(x), bs)])
+        model.train(was_training)
+        return out
+
+    def weak_probs(self, model: nn.Module, data: ClientData) -> torch.Tensor:
+        return self.predict(model, augment.weak(data.x_u, self.flip, self.gen))
+
+    # -- hooks -----------------------------------------------------------------------------
+    def begin_round(self, model: nn.Module, data: ClientData, probs_u: torch.Tensor,
+                    prior: torch.Tensor) -> dict[str, float]:
+        """Called once with the received model's weak-view probabilities and APP-U."""
+        return {}
+
+    def unlabeled_loss(self, model: nn.Module, data: ClientData, prior: torch.Tensor,
+                       n_lab_logits: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
+        return None, 0
+
+    # -- the round -------------------------------------------------------------------------
+    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        torch.manual_seed(seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        model.to(self.device).train()
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
+                              nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
+                              weight_decay=self.tr["weight_decay"])
+        gamma = self.cfg["app_u"]["gamma"]
+        probs0 = self.weak_probs(model, data)
+        prior0 = app_u(probs0)
+        metrics = self.begin_round(model, data, probs0, prior0)
+        prior, sup_losses, unsup_losses = prior0.clone(), [], []
+        for epoch in range(self.tr["local_epochs"]):
+            # p_bar^e of the model entering epoch e; epoch 1 reuses the received model's pass.
+            epoch_probs = probs0 if epoch == 0 else self.weak_probs(model, data)
+            for ls, lu in self.epoch(model, data, opt, prior):
+                sup_losses.append(ls)
+                unsup_losses.append(lu)
+            prior = momentum_update(prior, app_u(epoch_probs), gamma)
+        metrics.update({
+            "num_labeled": int(len(data.y_l)), "num_unlabeled": int(len(data.y_u)),
+            "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),
+            "app_u": prior.cpu().double().tolist(), "app_u_global": prior0.cpu().double().tolist(),
+            "loss_sup": float(np.mean(sup_losses)) if sup_losses else 0.0,
+            "loss_unsup": float(np.mean(unsup_losses)) if unsup_losses else 0.0,
+            "train_seconds": time.perf_counter() - t0,
+        })
+        return metrics
+
+    def epoch(self, model: nn.Module, data: ClientData, opt: torch.optim.Optimizer,
+              prior: torch.Tensor):
+        """One local epoch; yields (supervised loss, unlabeled loss) per optimiser step."""
+        if self.tr["mode"] == "fullbatch":
+            yield self.step(model, opt, data, torch.arange(len(data.y_l), device=self.device),
+                            None, prior)
+            return
+        bs = self.tr["batch_size"]
+        n_l, n_u = len(data.y_l), len(data.y_u)
+        ubs = bs * self.tr["mu"]
+        steps = max(1, math.ceil(n_u / ubs)) if self.uses_unlabeled else math.ceil(n_l / bs)
+        lab = self._cycle(n_l, steps * min(bs, n_l))
+        unl = self._cycle(n_u, steps * min(ubs, n_u))
+        lb, ub = min(bs, n_l), min(ubs, n_u)
+        for s in range(steps):
+            yield self.step(model, opt, data, lab[s * lb:(s + 1) * lb], unl[s * ub:(s + 1) * ub],
+                            prior)
+
+    def _cycle(self, n: int, total: int) -> torch.Tensor:
+        reps = math.ceil(total / n)
+        perms = [torch.randperm(n, generator=self.gen, device=self.device) for _ in range(reps)]
+        return torch.cat(perms)[:total]
+
+    def step(self, model: nn.Module, opt: torch.optim.Optimizer, data: ClientData,
+             lab_idx: torch.Tensor, unl_idx: torch.Tensor | None,
+             prior: torch.Tensor) -> tuple[float, float]:
+        x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))
+        extra, n_extra, loss_u_fn = self.unlabeled_batch(model, data, unl_idx, prior)
+        x = torch.cat([x_l, extra]) if n_extra else x_l
+        logits = model(x).float()
+        loss_s = F.cross_entropy(logits[:len(x_l)], data.y_l[lab_idx])
+        loss_u = loss_u_fn(logits[len(x_l):]) if loss_u_fn is not None else None
+        loss = loss_s + self.tr["lambda_u"] * loss_u if loss_u is not None else loss_s
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.tr["grad_clip"] > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), self.tr["grad_clip"])
+        opt.step()
+        return float(loss_s.detach()), float(loss_u.detach()) if loss_u is not None else 0.0
+
+    def unlabeled_batch(self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None,
+                        prior: torch.Tensor):
+        """Extra inputs for the shared forward pass and a function of their logits (the loss)."""
+        return None, 0, None
+
+
+class Supervised(LocalTrainer):
+    """FedAvg's client: CE on the labeled data only."""
+
+
+class FixMatch(LocalTrainer):
+    """FixMatch: hard pseudo-labels from weak views (debiased by APP-U when `dpl`), kept when
+    max p >= tau, CE on strong views. Full-batch mode forms them once per round from the received
+    model (paper Algorithm 2); mini-batch mode forms them online from the current model."""
+
+    uses_unlabeled = True
+
+    def begin_round(self, model, data, probs_u, prior):
+        eps = self.cfg["app_u"]["eps"]
+        labels, mask = pseudo_label(probs_u, self.tr["tau"], prior if self.dpl else None, eps)
+        self.pl_labels, self.pl_mask = labels, mask
+        correct = labels == data.y_u
+        n_conf = int(mask.sum())
+        self.conf_idx = mask.nonzero(as_tuple=True)[0]
+        return {
+            "pseudo_label_ratio": n_conf / max(len(mask), 1),
+            "pseudo_label_accuracy": float(correct[mask].float().mean()) if n_conf else 0.0,
+            "pseudo_label_count": n_conf,
+            "pseudo_label_accuracy_all": float(correct.float().mean()) if len(mask) else 0.0,
+        }
+
+    def unlabeled_batch(self, model, data, unl_idx, prior):
+        norm_all = self.tr["unlabeled_loss_norm"] == "all"
+        if unl_idx is None:                              # full batch, offline pseudo-labels
+            idx = self.conf_idx
+            if len(idx) == 0:
+                return None, 0, None
+            x_s = self.norm(augment.strong(data.x_u[idx], self.flip, self.gen))
+            denom = len(self.pl_mask) if norm_all else len(idx)
+            target = self.pl_labels[idx]
+            return x_s, len(idx), lambda logits: masked_ce(logits, target, denom)
+        # mini-batch: weak and strong views in the same forward, pseudo-labels from the weak half
+        u = data.x_u[unl_idx]
+        x_w = self.norm(augment.weak(u, self.flip, self.gen))
+        x_s = self.norm(augment.strong(u, self.flip, self.gen))
+        eps = self.cfg["app_u"]["eps"]
+
+        def loss_fn(logits: torch.Tensor) -> torch.Tensor:
+            lw, ls = logits[:len(u)], logits[len(u):]
+            labels, mask = pseudo_label(F.softmax(lw.detach(), 1), self.tr["tau"],
+                                        prior if self.dpl else None, eps)
+            denom = len(u) if norm_all else int(mask.sum())
+            return masked_ce(ls[mask], labels[mask], denom)
+
+        return torch.cat([x_w, x_s]), 2 * len(u), loss_fn
+
+
+TRAINERS = {"supervised": Supervised, "fixmatch": FixMatch}
+
+
+def make_trainer(cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple,
+                 device: torch.device) -> LocalTrainer:
+    name = cfg["method"]["trainer"]
+    if name not in TRAINERS:
+        raise ValueError(f"unknown trainer '{name}': choose {', '.join(TRAINERS)}")
+    return TRAINERS[name](cfg, ds_mean, ds_std, device)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, std: tuple,
+             batch_size: int) -> tuple[float, float, np.ndarray]:
+    """Loss, accuracy and predictions on fixed batches in dataset order (eval mode)."""
+    model.eval()
+    losses, preds = [], []
+    for i in range(0, len(x), batch_size):
+        logits = model(augment.normalize(x[i:i + batch_size], mean, std)).float()
+        losses.append(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
+        preds.append(logits.argmax(1))
+    pred = torch.cat(preds)
+    return (float(torch.stack(losses).sum()) / len(y), float((pred == y).float().mean()),
+            pred.cpu().numpy())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")

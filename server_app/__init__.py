@@ -1,0 +1,1 @@
+"""The Flower ServerApp of the FedDB project."""

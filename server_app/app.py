@@ -1,0 +1,107 @@
+"""ServerApp: resolves the configuration, writes the run directory, binds nodes to partitions,
+runs the strategy with central evaluation every round, and prints a summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fssl.config import compose_from_run_config
+from fssl.models import build_model
+from fssl.partition import save_partition
+from fssl.runtime import dataset_for, partition_for
+from fssl.train import resolve_device
+from strategy import make_strategy
+
+from .recorder import RoundRecorder
+
+app = ServerApp()
+
+
+class NodeError(RuntimeError):
+    """The federation does not match the configuration."""
+
+
+def run_dir_for(cfg: dict[str, Any]) -> Path:
+    out = cfg["output_dir"] or (
+        f"runs/{datetime.now():%Y%m%d-%H%M%S}_{cfg['method']['name']}_{cfg['dataset']['name']}_"
+        f"{cfg['partition']['mode']}{cfg['partition']['delta'] or ''}_s{cfg['seed']}")
+    path = Path(out).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def bind_partitions(grid: Grid, num_clients: int, timeout: float = 120.0) -> dict[int, int]:
+    """Ask every node for its partition id; returns partition id -> node id."""
+    deadline = time.monotonic() + timeout
+    nodes = sorted(grid.get_node_ids())
+    while len(nodes) < num_clients and time.monotonic() < deadline:
+        time.sleep(1.0)
+        nodes = sorted(grid.get_node_ids())
+    if len(nodes) != num_clients:
+        raise NodeError(
+            f"the federation has {len(nodes)} SuperNodes but fl.num_clients={num_clients}. In "
+            f"simulation pass --federation-config \"num-supernodes={num_clients}\" to `flwr run` "
+            "(or use `make run`, which does), or set fl.num_clients to the number of nodes.")
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    node_of: dict[int, int] = {}
+    for reply in grid.send_and_receive(msgs, timeout=timeout):
+        if reply.has_error():
+            raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
+                            f"{reply.error.reason}")
+        pid = int(reply.content["info"]["partition-id"])
+        if pid in node_of or not 0 <= pid < num_clients:
+            raise NodeError(f"partition-id {pid} is duplicated or outside 0..{num_clients - 1}")
+        node_of[pid] = reply.metadata.src_node_id
+    if len(node_of) != num_clients:
+        raise NodeError(f"only {len(node_of)} of {num_clients} nodes reported their partition")
+    return node_of
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = compose_from_run_config(dict(context.run_config))
+    run_dir = run_dir_for(cfg)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
+    print(f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
+          f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
+          f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
+          f"rounds={cfg['num_rounds']} run_dir={run_dir}", flush=True)
+
+    device = resolve_device(cfg["device"])
+    ds = dataset_for(cfg)
+    part = partition_for(cfg)
+    save_partition(part, ds.y_train, run_dir)
+
+    strategy = make_strategy(cfg, ds.num_classes)
+    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"]))
+
+    torch.manual_seed(cfg["seed"])
+    model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0])
+    initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
+
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.WARNING)      # one progress line per round instead of Flower's
+    try:
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg["num_rounds"],
+                                timeout=cfg["fl"]["round_timeout"], train_config=ConfigRecord(),
+                                evaluate_config=ConfigRecord(), evaluate_fn=recorder)
+    finally:
+        flwr_logger.setLevel(level)
+    torch.save(result.arrays.to_torch_state_dict(), run_dir / "final_model.pt")
+    s = recorder.summary()
+    print(f"[feddb] done: best test acc {s['best_test_accuracy']:.4f} (round {s['best_round']}), "
+          f"final test acc {s['final_test_accuracy']:.4f}, {s['wall_seconds']:.0f}s", flush=True)
+    print(f"[feddb] run directory: {run_dir}", flush=True)
