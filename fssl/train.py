@@ -242,7 +242,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, st
         losses.append(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
         preds.append(logits.argmax(1))
     pred = torch.cat(preds)
-    return (float(torch.stack(losses).sum()) / len(y), float((pred == y).float().mean()),
+    return (float(torch.stack(losses).sum()) / len(y), float((pred == y).double().mean()),
             pred.cpu().numpy())
 
 

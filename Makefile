@@ -1,0 +1,25 @@
+# Two commands do all the set-up: `make run` (environment + the default FedDB run) and `make test`.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN      = $(VENV)/bin
+RUN_CONFIG ?=
+ARGS    ?=
+
+.PHONY: run test env clean-runs
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e ".[dev]"
+	touch $@
+
+env: $(BIN)/.installed
+
+run: env
+	$(BIN)/python -m server_app.launch --run-config "$(RUN_CONFIG)" $(ARGS)
+
+test: env
+	$(BIN)/python -m pytest -q $(ARGS)
+
+clean-runs:
+	rm -rf runs .flwr-home

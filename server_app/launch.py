@@ -1,0 +1,131 @@
+"""Launch a simulation the safe way: `python -m server_app.launch --run-config "method='fixmatch'"`.
+
+What plain `flwr run .` does not do, this does:
+- validates the configuration (and finds the data) before anything starts;
+- sizes the federation from `fl.num_clients` (`num-supernodes`) and the client resources;
+- uses a project-local FLWR_HOME and its own free ports, so a stale SuperLink from elsewhere is
+  never reused, disables Flower's runtime dependency installation, and stops the SuperLink it
+  started (by pid) at the end;
+- exits non-zero when the run did not finish as `finished:completed` (`flwr run` exits 0 anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def parse_run_config(text: str) -> dict:
+    """Parse `--run-config "k1=v1 k2=v2"` as Flower does and reject keys the app does not have."""
+    from flwr.common.config import parse_config_args
+
+    values = parse_config_args([text]) if text else {}
+    with open(PROJECT / "pyproject.toml", "rb") as f:
+        known = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown run-config key(s) {unknown}; allowed: {', '.join(known)}")
+    return values
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def superlink_pids(port: int) -> list[int]:
+    """Pids of flower-superlink processes serving `port` (found through /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"flower-superlink" in c for c in cmd[:2]) and str(port).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("flwr"))
+    return subprocess.run([exe, *args], cwd=PROJECT, env=env, text=True,
+                          capture_output=capture, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
+    ap.add_argument("--cpus-per-client", type=int, default=1)
+    ap.add_argument("--gpus-per-client", type=float, default=0.0,
+                    help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU)")
+    ap.add_argument("--federation-config", default="", help="extra Flower federation config")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(PROJECT))
+    from fssl.config import ConfigError, compose_from_run_config
+    from fssl.data import DataError, load_dataset
+
+    try:
+        run_config = parse_run_config(args.run_config)
+        cfg = compose_from_run_config(run_config)
+        load_dataset(cfg["dataset"])
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    env = dict(os.environ)
+    env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    http_port, control_port = free_port(), free_port()
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    fed = (f"num-supernodes={cfg['fl']['num_clients']} "
+           f"client-resources-num-cpus={args.cpus_per_client}")
+    if args.gpus_per_client > 0:
+        fed += f" client-resources-num-gpus={args.gpus_per_client}"
+    fed = (fed + " " + args.federation_config).strip()
+    cmd = ["run", ".", "--format", "json", "--federation-config", fed]
+    if args.run_config:
+        cmd += ["--run-config", args.run_config]
+    try:
+        started = flwr(cmd, env, capture=True)
+        try:
+            run_id = json.loads(started.stdout[started.stdout.find("{"):])["run-id"]
+        except (ValueError, KeyError):
+            print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
+                  file=sys.stderr)
+            return 1
+        flwr(["log", str(run_id), "--stream"], env)
+        listed = flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, capture=True)
+        try:
+            run = json.loads(listed.stdout[listed.stdout.find("{"):])["runs"][0]
+        except (ValueError, KeyError, IndexError):
+            print(f"error: cannot read the status of run {run_id}:\n{listed.stdout}",
+                  file=sys.stderr)
+            return 1
+        if run.get("status") != "finished:completed":
+            print(f"error: run {run_id} ended as {run.get('status')}: "
+                  f"{run.get('status-details', '')}", file=sys.stderr)
+            return 1
+        print(f"run {run_id}: {run['status']}")
+        return 0
+    finally:
+        for pid in superlink_pids(http_port):
+            os.kill(pid, signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Shared helpers: a tiny resolved configuration and hand-built Flower messages."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata,  # noqa: E402
+                      MetricRecord, RecordDict)
+
+from fssl.config import compose  # noqa: E402
+
+TINY = ["fl.num_clients=4", "fl.fraction_train=0.5", "num_rounds=2", "dataset.num_labeled=200",
+        "train.local_epochs=2", "train.tau=0.5"]
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> dict:
+    return compose(TINY)
+
+
+def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
+                  reply_to: str = "") -> Metadata:
+    return Metadata(run_id=1, message_id=f"m{src}-{dst}-{time.time_ns()}", src_node_id=src,
+                    dst_node_id=dst, reply_to_message_id=reply_to, group_id="1",
+                    created_at=time.time(), ttl=3600.0, message_type=mtype)
+
+
+def make_instruction(arrays: ArrayRecord, config: ConfigRecord,
+                     mtype: str = MessageType.TRAIN) -> Message:
+    return Message(content=RecordDict({"arrays": arrays, "config": config}),
+                   metadata=make_metadata(mtype))
+
+
+def make_context(pid: int = 0, n: int = 4) -> Context:
+    return Context(run_id=1, node_id=123, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config={})
+
+
+def make_reply(arrays: dict[str, np.ndarray], metrics: dict, node: int) -> Message:
+    """A train reply as a client would send it, from `node`."""
+    instruction = Message(content=RecordDict(), metadata=make_metadata(src=0, dst=node))
+    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                          "metrics": MetricRecord(metrics)})
+    return Message(content=content, reply_to=instruction)

@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+
+from fssl.partition import make_partition, save_partition, summary_table
+
+
+@pytest.fixture(scope="module")
+def labels():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 10, 6000)
+
+
+def _part(y, mode="dirichlet", delta=0.3, seed=0, clients=20, labeled=1000, min_size=1):
+    return make_partition(y, 10, labeled, clients, mode, delta, seed, min_size)
+
+
+@pytest.mark.parametrize("mode,delta", [("iid", None), ("dirichlet", 0.3), ("dirichlet", 0.1)])
+def test_sizes_balance_disjointness_and_own_labeled(labels, mode, delta):
+    p = _part(labels, mode, delta)
+    lab = np.concatenate(p.labeled)
+    # balanced labeled split of exactly N_l, no index on two clients
+    assert len(lab) == 1000 and len(np.unique(lab)) == 1000
+    assert np.bincount(labels[lab], minlength=10).tolist() == [100] * 10
+    own_unlabeled = [np.setdiff1d(u, l) for u, l in zip(p.unlabeled, p.labeled)]
+    unl = np.concatenate(own_unlabeled)
+    assert len(np.unique(unl)) == len(unl) == len(labels) - 1000
+    assert not np.intersect1d(lab, unl).size
+    for u, l in zip(p.unlabeled, p.labeled):
+        assert np.isin(l, u).all()                      # own labeled images are in U_m
+        assert len(u) == len(l) + len(np.setdiff1d(u, l))
+        assert len(l) >= 1 and len(u) >= 1
+
+
+def test_iid_shares_are_equal(labels):
+    p = _part(labels, "iid")
+    sizes = [len(l) for l in p.labeled]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_is_skewed_and_smaller_delta_more_so(labels):
+    def skew(part):
+        hist = np.array(part.histograms(labels)["labeled"], dtype=float)
+        frac = hist / hist.sum(1, keepdims=True)
+        return frac.max(1).mean()
+
+    iid, d3, d1 = _part(labels, "iid"), _part(labels, delta=0.3), _part(labels, delta=0.1)
+    assert skew(iid) < 0.3 < skew(d3) < skew(d1)
+
+
+def test_seeded_and_reproducible(labels):
+    a, b, c = _part(labels, seed=1), _part(labels, seed=1), _part(labels, seed=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a.unlabeled, b.unlabeled))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.labeled, c.labeled))
+
+
+def test_min_size_and_impossible_requests(labels):
+    p = _part(labels, delta=0.1, min_size=5)
+    assert min(len(l) for l in p.labeled) >= 5
+    with pytest.raises(ValueError, match="cannot give"):
+        _part(labels, clients=2000)
+    with pytest.raises(ValueError, match="no labeled sample per class"):
+        _part(labels, labeled=5)
+
+
+def test_saved_and_summarised(labels, tmp_path):
+    p = _part(labels)
+    save_partition(p, labels, tmp_path)
+    import json
+    saved = json.loads((tmp_path / "partition.json").read_text())
+    assert saved["labeled"][3] == p.labeled[3].tolist()
+    summary = json.loads((tmp_path / "partition_summary.json").read_text())
+    assert summary["num_labeled"] == [len(l) for l in p.labeled]
+    assert summary["labeled"][0] == np.bincount(labels[p.labeled[0]], minlength=10).tolist()
+    table = summary_table(p, labels)
+    assert table.count("\n") == 2 + 20
