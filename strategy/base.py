@@ -33,7 +33,8 @@ def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
+    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
 
 
 class WeightedAverage(FedAvg):

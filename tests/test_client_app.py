@@ -1,0 +1,75 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
+
+from client_app.app import app as client_app
+from conftest import TINY, make_context, make_instruction
+from fssl.config import compose
+from fssl.models import build_model
+
+
+def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN):
+    torch.manual_seed(0)
+    model = build_model(cfg["model"], 10, 1)
+    arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
+    config = ConfigRecord({"server-round": server_round, "lr": 0.1,
+                           "run-config": json.dumps(cfg)})
+    return model, client_app(make_instruction(arrays, config, mtype), make_context(pid))
+
+
+@pytest.mark.parametrize("method", ["feddb", "fixmatch", "fedavg"])
+def test_train_reply_carries_model_app_u_and_metrics(method):
+    cfg = compose(TINY + [f"method={method}"])
+    model, reply = _run(cfg)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    out = reply.content["arrays"].to_torch_state_dict()
+    ref = model.state_dict()
+    assert list(out) == list(ref) and all(out[k].shape == ref[k].shape for k in ref)
+    assert any(not torch.equal(out[k], ref[k]) for k in ref)          # it trained
+    m = reply.content["metrics"]
+    assert m["partition_id"] == 1
+    app_u = np.array(m["app_u"])
+    assert app_u.shape == (10,) and (app_u >= 0).all() and app_u.sum() == pytest.approx(1, abs=1e-5)
+    assert np.array(m["app_u_global"]).sum() == pytest.approx(1, abs=1e-5)
+    assert m["num_labeled"] > 0 and m["num_unlabeled"] > m["num_labeled"]
+    assert sum(m["labeled_histogram"]) == m["num_labeled"]
+    if method != "fedavg":
+        assert 0 <= m["pseudo_label_ratio"] <= 1 and 0 <= m["pseudo_label_accuracy"] <= 1
+    else:
+        assert "pseudo_label_ratio" not in m and m["loss_unsup"] == 0.0
+
+
+def test_train_is_deterministic_per_seed_round_and_partition():
+    cfg = compose(TINY)
+    _, a = _run(cfg, pid=2, server_round=3)
+    _, b = _run(cfg, pid=2, server_round=3)
+    _, c = _run(cfg, pid=2, server_round=4)
+    sa, sb, sc = (r.content["arrays"].to_torch_state_dict() for r in (a, b, c))
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_dpl_switch_changes_pseudo_labels():
+    base = TINY + ["train.tau=0.12"]
+    _, off = _run(compose(base + ["dpl=false"]), pid=0)
+    _, on = _run(compose(base + ["dpl=true"]), pid=0)
+    m_off, m_on = off.content["metrics"], on.content["metrics"]
+    assert m_off["app_u_global"] == m_on["app_u_global"]               # same received model
+    assert m_off["pseudo_label_count"] != m_on["pseudo_label_count"]
+
+
+def test_evaluate_and_query():
+    cfg = compose(TINY)
+    _, reply = _run(cfg, mtype=MessageType.EVALUATE)
+    m = reply.content["metrics"]
+    assert 0 <= m["eval_accuracy"] <= 1 and m["num-examples"] > 0
+    _, q = _run(cfg, pid=3, mtype=MessageType.QUERY)
+    assert q.content["info"]["partition-id"] == 3
+
+
+def test_bad_partition_id_is_refused():
+    with pytest.raises(ValueError, match="partition-id 9 is outside 0..3"):
+        _run(compose(TINY), pid=9)

@@ -1,0 +1,133 @@
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from conftest import make_metadata, make_reply
+from fssl.config import compose
+from fssl.dma import dma_weights
+from strategy import FedDB, WeightedAverage, make_strategy
+
+K = 3
+
+
+def _cfg(*extra):
+    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", *extra])
+
+
+def _global():
+    return {"w": np.array([1.0, 2.0], np.float32), "bn.running_mean": np.zeros(2, np.float32),
+            "bn.num_batches_tracked": np.array(0, np.int64)}
+
+
+def _metrics(pid, app_u, **extra):
+    m = {"partition_id": pid, "num_labeled": 10 * (pid + 1), "num_unlabeled": 90,
+         "app_u": list(map(float, app_u)), "app_u_global": [1 / K] * K,
+         "pseudo_label_ratio": 0.5, "pseudo_label_accuracy": 0.9, "pseudo_label_count": 3,
+         "labeled_histogram": [1, 2, 3]}
+    m.update(extra)
+    return m
+
+
+def _client(w, rm=0.5, n=3):
+    return {"w": np.array(w, np.float32), "bn.running_mean": np.full(2, rm, np.float32),
+            "bn.num_batches_tracked": np.array(n, np.int64)}
+
+
+def _start(strategy, global_arrays):
+    strategy.global_arrays = global_arrays
+    strategy.last_round = {"round": 1}
+
+
+def test_uniform_average_with_server_momentum_on_hand_built_replies():
+    s = make_strategy(_cfg("dma.enabled=false", "server.momentum=0.5"), K)
+    assert type(s) is WeightedAverage
+    _start(s, _global())
+    replies = [make_reply(_client([3.0, 2.0], 1.0, 4), _metrics(1, [0.2, 0.3, 0.5]), node=11),
+               make_reply(_client([1.0, 4.0], 0.0, 2), _metrics(0, [0.5, 0.3, 0.2]), node=10)]
+    arrays, _ = s.aggregate_train(1, replies)
+    out = {k: v.numpy() for k, v in arrays.items()}
+    # avg = (2, 3); buf = w - avg = (-1, -1); w - buf = (2, 3)
+    assert np.allclose(out["w"], [2.0, 3.0])
+    assert np.allclose(out["bn.running_mean"], [0.5, 0.5])        # averaged, no momentum
+    assert out["bn.num_batches_tracked"] == 4 and out["w"].dtype == np.float32
+    assert [c["partition_id"] for c in s.last_round["clients"]] == [0, 1]   # sorted by partition
+    assert [c["weight"] for c in s.last_round["clients"]] == [0.5, 0.5]
+    # round 2: buf = 0.5 * (-1, -1) + (w - avg) with avg = (2, 4): (-0.5, -1.5) -> w = (2.5, 4.5)
+    _start(s, out)
+    replies = [make_reply(_client([2.0, 4.0]), _metrics(0, [0.4, 0.3, 0.3]), node=10),
+               make_reply(_client([2.0, 4.0]), _metrics(2, [0.4, 0.3, 0.3]), node=12)]
+    arrays, _ = s.aggregate_train(2, replies)
+    assert np.allclose(arrays["w"].numpy(), [2.5, 4.5])
+
+
+def test_sample_weighting():
+    s = make_strategy(_cfg("dma.enabled=false", "server.momentum=0", "server.weighting=samples"), K)
+    _start(s, _global())
+    replies = [make_reply(_client([0.0, 0.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
+               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11)]
+    arrays, _ = s.aggregate_train(1, replies)
+    # sizes 100 and 110
+    assert np.allclose(arrays["w"].numpy(), [110 / 210] * 2, atol=1e-6)
+
+
+def test_dma_weights_are_applied_and_logged():
+    s = make_strategy(_cfg("server.momentum=0"), K)
+    assert type(s) is FedDB
+    _start(s, _global())
+    apps = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.1, 0.8]]
+    replies = [make_reply(_client([float(i), 0.0]), _metrics(i, a), node=20 + i)
+               for i, a in enumerate(apps)]
+    arrays, _ = s.aggregate_train(1, replies)
+    expected = dma_weights(np.array(apps))
+    got = np.array([c["weight"] for c in s.last_round["clients"]])
+    assert np.allclose(got, expected.weights)
+    assert got[0] > got[2]                 # the over-represented class is down-weighted
+    assert np.isclose(arrays["w"].numpy()[0], got @ np.arange(4), atol=1e-6)
+    d = s.last_round["dma"]
+    assert d["loss_weights"] < d["loss_uniform"] and d["weight_entropy"] < np.log(4)
+
+
+def test_bad_replies_are_dropped_and_too_few_skip_the_round():
+    s = make_strategy(_cfg("fl.min_train_clients=2"), K)
+    _start(s, _global())
+    nan = _client([np.nan, 0.0])
+    replies = [make_reply(_client([1.0, 1.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
+               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.5]), node=11),
+               make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.6, 0.2]), node=12),
+               make_reply(nan, _metrics(3, [0.2, 0.3, 0.5]), node=13)]
+    arrays, _ = s.aggregate_train(1, replies)
+    assert arrays is None and s.last_round["skipped"]
+    reasons = {f["node_id"]: f["reason"] for f in s.last_round["failures"]}
+    assert "length 2, expected 3" in reasons[11]
+    assert "sum to 1" in reasons[12] and "non-finite" in reasons[13]
+
+
+def test_sampling_is_seeded_by_partition_not_node_ids():
+    a, b = make_strategy(_cfg(), K), make_strategy(_cfg(), K)
+    a.bind_nodes({p: 1000 + p for p in range(4)})
+    b.bind_nodes({p: 77 * p + 5 for p in range(4)})
+    rounds_a = [a.sample(r, 0.5) for r in range(1, 20)]
+    assert rounds_a == [b.sample(r, 0.5) for r in range(1, 20)]
+    assert all(len(p) == 2 for p in rounds_a) and len({tuple(p) for p in rounds_a}) > 1
+    c = make_strategy(_cfg("seed=5"), K)
+    assert [c.sample(r, 0.5) for r in range(1, 20)] != rounds_a
+
+
+def test_configure_train_sends_config_and_lr(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
+    cfg = _cfg("train.lr=0.2", "num_rounds=10")
+    s = make_strategy(cfg, K)
+    s.bind_nodes({p: 100 + p for p in range(4)})
+    arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    msgs = list(s.configure_train(6, arrays, ConfigRecord(), grid=None))
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [100 + p for p in s.sample(6, 0.5)]
+    conf = msgs[0].content["config"]
+    assert conf["server-round"] == 6
+    assert conf["lr"] == pytest.approx(0.2 * 0.5 * (1 + np.cos(np.pi * 5 / 10)))
+    assert json.loads(conf["run-config"])["train"]["lr"] == 0.2
