@@ -1,0 +1,56 @@
+import pytest
+
+from fssl.config import (ConfigError, compose, compose_from_run_config, group_options,
+                         run_config_to_overrides)
+
+
+def test_defaults_are_the_quick_feddb_run():
+    cfg = compose()
+    assert cfg["method"]["name"] == "feddb" and cfg["dpl"] is True and cfg["dma"]["enabled"]
+    assert cfg["dataset"]["name"] == "mnist10k" and cfg["model"]["name"] == "cnn"
+    assert cfg["partition"] == {"mode": "dirichlet", "delta": 0.3, "min_size": 1}
+    assert cfg["train"]["tau"] == 0.95 and cfg["dma"]["steps"] == 100 and cfg["dma"]["lr"] == 1.0
+
+
+def test_run_config_keys_map_to_hydra():
+    rc = {"method": "fixmatch", "dpl": True, "dma": "", "dataset": "", "num-server-rounds": 5,
+          "seed": 1, "output-dir": "runs/try1", "overrides": "train.lr=0.05 dma.steps=50"}
+    cfg = compose_from_run_config(rc)
+    assert cfg["method"]["name"] == "fixmatch" and cfg["dpl"] is True
+    assert cfg["dma"]["enabled"] is False                      # fixmatch's default kept
+    assert cfg["num_rounds"] == 5 and cfg["seed"] == 1 and cfg["output_dir"] == "runs/try1"
+    assert cfg["train"]["lr"] == 0.05 and cfg["dma"]["steps"] == 50
+    assert run_config_to_overrides({"data-path": "/a=b"}) == ["dataset.path='/a=b'"]
+
+
+@pytest.mark.parametrize("name", [f"paper/{d}_{p}" for d in ("cifar10", "svhn", "cifar100")
+                                  for p in ("iid", "dir0.3", "dir0.1")])
+def test_paper_presets(name):
+    cfg = compose([f"experiment={name}"])
+    ds, part = name.split("/")[1].split("_")
+    assert cfg["dataset"]["name"] == ds and cfg["model"]["name"] == "wrn28_2"
+    assert cfg["num_rounds"] == 800 and cfg["fl"]["num_clients"] == 100
+    assert cfg["fl"]["fraction_train"] == 0.1 and cfg["train"]["lr"] == 0.03
+    assert cfg["partition"]["delta"] == {"iid": None, "dir0.3": 0.3, "dir0.1": 0.1}[part]
+    expected = {"cifar10": 4000, "cifar100": 10000, "svhn": 1000 if part == "iid" else 4000}
+    assert cfg["dataset"]["num_labeled"] == expected[ds]
+    assert group_options("experiment").count(name) == 1
+
+
+@pytest.mark.parametrize("rc,match", [
+    ({"method": "fedbogus"}, "unknown method 'fedbogus': choose one of fedavg, feddb, fixmatch"),
+    ({"dataset": "imagenet"}, "unknown dataset 'imagenet': choose one of cifar10, cifar100, "
+                              "mnist10k, npz, svhn"),
+    ({"partition": "dir0.5"}, "unknown partition 'dir0.5'"),
+    ({"overrides": "train.tau=1.5"}, "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
+    ({"overrides": "train.tau=0"}, "`train.tau`: 0"),
+    ({"overrides": "partition.delta=-0.3"}, "`partition.delta`: -0.3; allowed: a number > 0"),
+    ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
+    ({"num-server-rounds": 0}, "`num_rounds`: 0"),
+    ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),
+    ({"overrides": "train.nosuchkey=1"}, "invalid override"),
+])
+def test_bad_values_are_named_with_what_is_allowed(rc, match):
+    with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
+                       .replace("[", "\\[").replace(".", "\\.").replace("*", "\\*")):
+        compose_from_run_config(rc)
