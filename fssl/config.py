@@ -125,6 +125,8 @@ def validate(cfg: dict[str, Any]) -> None:
              "fl.fraction_train", fl["fraction_train"], "a number in (0, 1]")
     _require(_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
              "fl.fraction_evaluate", fl["fraction_evaluate"], "a number in [0, 1]")
+    for key in ("round_timeout", "node_wait"):
+        _require(_number(fl[key]) and fl[key] >= 0, f"fl.{key}", fl[key], "a number >= 0")
     _require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,
              "fl.min_train_clients", fl["min_train_clients"], "an integer >= 1")
     _require(_number(tr["tau"]) and 0 < tr["tau"] <= 1, "train.tau", tr["tau"],

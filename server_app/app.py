@@ -40,8 +40,8 @@ def run_dir_for(cfg: dict[str, Any]) -> Path:
     return path
 
 
-def bind_partitions(grid: Grid, num_clients: int, timeout: float = 120.0) -> dict[int, int]:
-    """Ask every node for its partition id; returns partition id -> node id."""
+def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict[int, int]:
+    """Wait up to `timeout` s for the nodes, ask each its partition id; returns pid -> node id."""
     deadline = time.monotonic() + timeout
     nodes = sorted(grid.get_node_ids())
     while len(nodes) < num_clients and time.monotonic() < deadline:
@@ -54,7 +54,7 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 120.0) -> dic
             "(or use `make run`, which does), or set fl.num_clients to the number of nodes.")
     msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
     node_of: dict[int, int] = {}
-    for reply in grid.send_and_receive(msgs, timeout=timeout):
+    for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
         if reply.has_error():
             raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
                             f"{reply.error.reason}")
@@ -84,7 +84,7 @@ def main(grid: Grid, context: Context) -> None:
     save_partition(part, ds.y_train, run_dir)
 
     strategy = make_strategy(cfg, ds.num_classes)
-    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"]))
+    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"]))
 
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0])

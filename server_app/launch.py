@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -92,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    fed = (f"num-supernodes={cfg['fl']['num_clients']} "
-           f"client-resources-num-cpus={args.cpus_per_client}")
+    fed = {"num-supernodes": cfg["fl"]["num_clients"],
+           "client-resources-num-cpus": args.cpus_per_client}
     if args.gpus_per_client > 0:
-        fed += f" client-resources-num-gpus={args.gpus_per_client}"
-    fed = (fed + " " + args.federation_config).strip()
-    cmd = ["run", ".", "--format", "json", "--federation-config", fed]
+        fed["client-resources-num-gpus"] = args.gpus_per_client
+    for item in args.federation_config.split():                # user values win
+        key, _, value = item.partition("=")
+        fed[key] = value
+    fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
+    cmd = ["run", ".", "--format", "json", "--federation-config", fed_text]
     if args.run_config:
         cmd += ["--run-config", args.run_config]
     try:
@@ -123,8 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {run_id}: {run['status']}")
         return 0
     finally:
-        for pid in superlink_pids(http_port):
-            os.kill(pid, signal.SIGTERM)
+        stop(superlink_pids(http_port))
+
+
+def stop(pids: list[int], grace: float = 15.0) -> None:
+    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if Path(f"/proc/{p}").exists()]
+        time.sleep(0.2)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Real `flwr run` simulations through the project's launcher (tens of seconds each)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+TINY = ("fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
+        "train.tau=0.5 fl.node_wait=5")
+
+
+def launch(tmp_path, run_config, *extra, timeout=400):
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
+    return subprocess.run([sys.executable, "-m", "server_app.launch", "--run-config", run_config,
+                           *extra], cwd=PROJECT, env=env, text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def superlinks_of(flwr_home: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"flower-superlink" in (proc / "cmdline").read_bytes() \
+                    and str(flwr_home).encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.slow
+def test_feddb_run_completes_and_writes_metrics(tmp_path):
+    out = tmp_path / "run"
+    res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{out}' overrides='{TINY}'")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "finished:completed" in res.stdout
+    assert "[feddb] done: best test acc" in res.stdout and f"run directory: {out}" in res.stdout
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        for key in ("test_accuracy", "test_loss", "class_accuracy", "round_seconds", "clients",
+                    "dma", "js_divergence"):
+            assert key in r, key
+        assert len(r["class_accuracy"]) == 10 and len(r["clients"]) == 2
+        for c in r["clients"]:
+            for key in ("partition_id", "num_labeled", "num_unlabeled", "app_u", "weight",
+                        "pseudo_label_accuracy", "pseudo_label_ratio"):
+                assert key in c, key
+        p = np.array([c["app_u"] for c in r["clients"]])
+        w = np.array([c["weight"] for c in r["clients"]])
+        assert np.linalg.norm(w @ p - 0.1) <= np.linalg.norm(p.mean(0) - 0.1) + 1e-12
+        assert r["dma"]["loss_weights"] <= r["dma"]["loss_uniform"]
+    for name in ("config.yaml", "partition.json", "partition_summary.txt", "summary.json",
+                 "final_model.pt"):
+        assert (out / name).is_file(), name
+    assert not superlinks_of(tmp_path / "flwr-home")            # the SuperLink was stopped
+
+
+@pytest.mark.slow
+def test_failed_run_exits_nonzero_with_the_reason(tmp_path):
+    res = launch(tmp_path, f"num-server-rounds=1 output-dir='{tmp_path / 'r'}' overrides='{TINY}'",
+                 "--federation-config", "num-supernodes=3")
+    assert res.returncode == 1
+    assert "finished:failed" in res.stderr
+    assert "the federation has 3 SuperNodes but fl.num_clients=4" in res.stderr
+    assert not superlinks_of(tmp_path / "flwr-home")
+
+
+@pytest.mark.parametrize("run_config,message", [
+    ("method='fedbogus'", "unknown method 'fedbogus': choose one of fedavg, feddb, fixmatch"),
+    ("dataset='imagenet'", "unknown dataset 'imagenet'"),
+    ("dataset='cifar10' data-path='/nonexistent/cifar'", "cifar10 not found in /nonexistent/cifar"),
+    ("overrides='train.tau=1.5'", "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
+    ("overrides='partition.delta=0'", "`partition.delta`: 0; allowed: a number > 0"),
+    ("bogus-key=1", "unknown run-config key(s) ['bogus-key']"),
+])
+def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
+    res = launch(tmp_path, run_config, timeout=60)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert not (tmp_path / "flwr-home").exists()                 # no SuperLink, no run
