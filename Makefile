@@ -1,5 +1,5 @@
 # Two commands do all the set-up: `make run` (environment + the default FedDB run) and `make test`.
-PY      ?= python3.11
+PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
 RUN_CONFIG ?=
@@ -7,10 +7,10 @@ ARGS    ?=
 
 .PHONY: run test env clean-runs
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -c constraints.txt -e ".[dev]"
 	touch $@
 
 env: $(BIN)/.installed
