@@ -131,3 +131,30 @@ def test_configure_train_sends_config_and_lr(monkeypatch):
     assert conf["server-round"] == 6
     assert conf["lr"] == pytest.approx(0.2 * 0.5 * (1 + np.cos(np.pi * 5 / 10)))
     assert json.loads(conf["run-config"])["train"]["lr"] == 0.2
+
+
+def test_federated_evaluation_is_optional_and_aggregated(monkeypatch):
+    from flwr.app import MetricRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from conftest import make_metadata
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
+    arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    off = make_strategy(_cfg(), K)
+    off.bind_nodes({p: 100 + p for p in range(4)})
+    assert list(off.configure_evaluate(1, arrays, ConfigRecord(), grid=None)) == []
+    on = make_strategy(_cfg("fl.fraction_evaluate=1.0"), K)
+    on.bind_nodes({p: 100 + p for p in range(4)})
+    msgs = list(on.configure_evaluate(1, arrays, ConfigRecord(), grid=None))
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [100, 101, 102, 103]
+    replies = []
+    for i, (acc, n) in enumerate([(1.0, 10), (0.0, 30)]):
+        ins = Message(content=RecordDict(), metadata=make_metadata(src=0, dst=100 + i))
+        rec = RecordDict({"metrics": MetricRecord({"eval_accuracy": acc, "eval_loss": 1.0,
+                                                   "num-examples": n})})
+        replies.append(Message(content=rec, reply_to=ins))
+    agg = on.aggregate_evaluate(1, replies)
+    assert agg["eval_accuracy"] == pytest.approx(0.25)            # weighted by examples
