@@ -86,6 +86,30 @@ def compose_from_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
     return compose(run_config_to_overrides(run_config))
 
 
+def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    """The run's configuration and, with `resume=<run dir>`, that directory (its saved config)."""
+    resume = str(run_config.get("resume", "") or "")
+    if not resume:
+        return compose_from_run_config(run_config), None
+    others = sorted(k for k, v in run_config.items() if k != "resume" and v != "")
+    if others:
+        raise ConfigError(f"resume continues a run with its saved configuration; remove {others} "
+                          "from the run-config")
+    run_dir = Path(resume).expanduser().resolve()
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"cannot resume '{resume}': {saved} not found; `resume` takes the run "
+                          "directory of an earlier run")
+    import yaml
+
+    cfg = yaml.safe_load(saved.read_text())
+    try:
+        validate(cfg)
+    except (KeyError, TypeError) as err:
+        raise ConfigError(f"{saved} is not a complete configuration ({err!r})") from err
+    return cfg, run_dir
+
+
 def _check_group_choices(overrides: list[str]) -> None:
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -166,6 +190,8 @@ def validate(cfg: dict[str, Any]) -> None:
              "batchstat, bn, gn")
     _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
              "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
+    _require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
+             "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
     _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
              "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
 

@@ -10,17 +10,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fssl.config import compose_from_run_config
+from fssl import checkpoint
+from fssl.config import resolve
 from fssl.models import build_model
 from fssl.partition import save_partition
 from fssl.runtime import dataset_for, partition_for
 from fssl.train import resolve_device
-from strategy import make_strategy
+from strategy import WeightedAverage, make_strategy
+from strategy.base import arrays_to_numpy, numpy_to_arrays
 
 from .recorder import RoundRecorder
 
@@ -69,10 +72,11 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = compose_from_run_config(dict(context.run_config))
-    run_dir = run_dir_for(cfg)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
+    cfg, resume_dir = resolve(dict(context.run_config))
+    run_dir = resume_dir or run_dir_for(cfg)
+    if resume_dir is None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
     print(f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
           f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
           f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
@@ -80,28 +84,65 @@ def main(grid: Grid, context: Context) -> None:
 
     device = resolve_device(cfg["device"])
     ds = dataset_for(cfg)
-    part = partition_for(cfg)
-    save_partition(part, ds.y_train, run_dir)
+    if resume_dir is None:
+        save_partition(partition_for(cfg), ds.y_train, run_dir)
 
     strategy = make_strategy(cfg, ds.num_classes)
     strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"]))
 
     torch.manual_seed(cfg["seed"])
+    np.random.seed(cfg["seed"])
     model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0])
-    initial = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
+    if resume_dir is None:
+        arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        first_round = 1
+        recorder(0, arrays)
+    else:
+        arrays, first_round = restore(run_dir, strategy, recorder)
+        print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
+
+    def after_round(server_round: int, current: ArrayRecord) -> None:
+        every = cfg["checkpoint"]["every"]
+        if server_round == cfg["num_rounds"] or (every and server_round % every == 0):
+            save_checkpoint(run_dir, server_round, current, strategy, recorder)
 
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)      # one progress line per round instead of Flower's
     try:
-        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=cfg["num_rounds"],
-                                timeout=cfg["fl"]["round_timeout"], train_config=ConfigRecord(),
-                                evaluate_config=ConfigRecord(), evaluate_fn=recorder)
+        arrays = strategy.run(grid, arrays, first_round, recorder, after_round)
     finally:
         flwr_logger.setLevel(level)
-    torch.save(result.arrays.to_torch_state_dict(), run_dir / "final_model.pt")
+    torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     s = recorder.summary()
-    print(f"[feddb] done: best test acc {s['best_test_accuracy']:.4f} (round {s['best_round']}), "
-          f"final test acc {s['final_test_accuracy']:.4f}, {s['wall_seconds']:.0f}s", flush=True)
+    if s["rounds"]:
+        print(f"[feddb] done: best test acc {s['best_test_accuracy']:.4f} (round "
+              f"{s['best_round']}), final test acc {s['final_test_accuracy']:.4f}, "
+              f"{s['wall_seconds']:.0f}s", flush=True)
     print(f"[feddb] run directory: {run_dir}", flush=True)
+
+
+def save_checkpoint(run_dir: Path, server_round: int, arrays: ArrayRecord,
+                    strategy: WeightedAverage, recorder: RoundRecorder) -> None:
+    """Global model, strategy state (momentum buffer, caches), RNG states, recorder state."""
+    strategy_arrays, strategy_state = strategy.state()
+    np_state = np.random.get_state()
+    checkpoint.save(
+        run_dir,
+        {"global": arrays_to_numpy(arrays), "rng": {"torch": torch.get_rng_state().numpy()},
+         **{f"strategy.{k}": v for k, v in strategy_arrays.items()}},
+        {"round": server_round, "strategy": strategy_state, "recorder": recorder.state(),
+         "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]]})
+
+
+def restore(run_dir: Path, strategy: WeightedAverage,
+            recorder: RoundRecorder) -> tuple[ArrayRecord, int]:
+    groups, state = checkpoint.load(run_dir)
+    strategy.load_state({k.split(".", 1)[1]: v for k, v in groups.items()
+                         if k.startswith("strategy.")}, state["strategy"])
+    recorder.restore(state["round"], state["recorder"])
+    torch.set_rng_state(torch.from_numpy(groups["rng"]["torch"]))
+    kind, keys, *rest = state["numpy_rng"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    return numpy_to_arrays(groups["global"]), state["round"] + 1

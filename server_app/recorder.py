@@ -28,8 +28,8 @@ class RoundRecorder:
         self.x_test = to_nchw(ds.x_test, device)
         self.y_test = torch.from_numpy(ds.y_test).to(device)
         self.metrics_file = run_dir / "metrics.jsonl"
-        self.metrics_file.write_text("")
         self.prev_class_acc: np.ndarray | None = None
+        self.resumed_from: int | None = None
         self.history: list[dict[str, Any]] = []
         self.t_last = time.perf_counter()
         self.t_start = self.t_last
@@ -46,6 +46,7 @@ class RoundRecorder:
         if server_round > 0:
             self.write(server_round, loss, acc, cls_acc, now - self.t_last)
         else:
+            self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
         self.prev_class_acc = cls_acc
         self.t_last = time.perf_counter()
@@ -73,6 +74,7 @@ class RoundRecorder:
             "round_seconds": seconds,
             "lr": self.strategy.lr_for(server_round),
             "skipped": bool(info.get("skipped", False)),
+            "num_failures": len(info.get("failures", [])),
             "failures": info.get("failures", []),
             "clients": clients,
             "dma": info.get("dma"),
@@ -82,6 +84,7 @@ class RoundRecorder:
             "pseudo_label_ratio": float(np.mean([c["pseudo_label_ratio"] for c in clients]))
             if clients else None,
             "class_accuracy_normalised": normalise(cls_acc).tolist(),
+            "federated_evaluation": info.get("federated_evaluation"),
         }
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
@@ -95,6 +98,21 @@ class RoundRecorder:
               f"{seconds:.1f}s/round  eta {eta:.0f}s"
               + ("  SKIPPED" if record["skipped"] else ""), flush=True)
 
+    def state(self) -> dict[str, Any]:
+        prev = self.prev_class_acc
+        return {"prev_class_accuracy": None if prev is None else prev.tolist()}
+
+    def restore(self, server_round: int, state: dict[str, Any]) -> None:
+        """Continue after `server_round`: keep its metrics lines, drop any written after it."""
+        lines = self.metrics_file.read_text().splitlines() if self.metrics_file.exists() else []
+        kept = [json.loads(line) for line in lines if line.strip()]
+        kept = [r for r in kept if r["round"] <= server_round]
+        self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.history = kept
+        prev = state.get("prev_class_accuracy")
+        self.prev_class_acc = None if prev is None else np.asarray(prev)
+        self.resumed_from = server_round
+
     def summary(self) -> dict[str, Any]:
         accs = [r["test_accuracy"] for r in self.history]
         best = int(np.argmax(accs)) if accs else -1
@@ -105,6 +123,7 @@ class RoundRecorder:
             "rounds": len(accs),
             "wall_seconds": time.perf_counter() - self.t_start,
             "run_dir": str(self.run_dir),
+            "resumed_from_round": self.resumed_from,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
         return out

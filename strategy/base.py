@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import Any
 
@@ -49,6 +49,7 @@ class WeightedAverage(FedAvg):
         self.cfg, self.num_classes = cfg, num_classes
         self.cfg_json = json.dumps(cfg, sort_keys=True)
         self.node_of: dict[int, int] = {}          # partition id -> node id
+        self.pid_of: dict[int, int] = {}           # node id -> partition id
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.last_round: dict[str, Any] = {}
@@ -56,6 +57,7 @@ class WeightedAverage(FedAvg):
     # -- sampling --------------------------------------------------------------------------
     def bind_nodes(self, node_of: dict[int, int]) -> None:
         self.node_of = dict(node_of)
+        self.pid_of = {node: pid for pid, node in node_of.items()}
 
     def sample(self, server_round: int, fraction: float) -> list[int]:
         """Partition ids for this round: seeded by (seed, round), independent of node ids."""
@@ -97,6 +99,35 @@ class WeightedAverage(FedAvg):
         return self._messages(pids, arrays, self.round_config(server_round, config),
                               MessageType.EVALUATE)
 
+    # -- rounds ----------------------------------------------------------------------------
+    def run(self, grid: Grid, arrays: ArrayRecord, first_round: int,
+            evaluate_fn: Callable[[int, ArrayRecord], Any],
+            after_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+        """Rounds `first_round`..num_rounds (Strategy.start always begins at 1; a resumed run
+        does not): train, aggregate, optional federated evaluation, central evaluation, hook."""
+        timeout = self.cfg["fl"]["round_timeout"]
+        for server_round in range(first_round, self.cfg["num_rounds"] + 1):
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, ConfigRecord(), grid), timeout=timeout)
+            new, _ = self.aggregate_train(server_round, replies)
+            if new is not None:
+                arrays = new
+            messages = list(self.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+            if messages:
+                agg = self.aggregate_evaluate(
+                    server_round, grid.send_and_receive(messages, timeout=timeout))
+                self.last_round["federated_evaluation"] = dict(agg) if agg else None
+            evaluate_fn(server_round, arrays)
+            after_round(server_round, arrays)
+        return arrays
+
+    def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """Arrays and JSON state a checkpoint needs (subclasses add their caches)."""
+        return {"momentum": dict(self.momentum_buffer)}, {}
+
+    def load_state(self, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
+        self.momentum_buffer = dict(arrays.get("momentum", {}))
+
     # -- replies ---------------------------------------------------------------------------
     def parse_reply(self, msg: Message) -> dict[str, Any]:
         """Arrays and metrics of one train reply, checked; raises ReplyError if unusable."""
@@ -105,21 +136,29 @@ class WeightedAverage(FedAvg):
             raise ReplyError("reply lacks the 'arrays' ArrayRecord or the 'metrics' MetricRecord")
         arrays = arrays_to_numpy(content.array_records["arrays"])
         assert self.global_arrays is not None
+        extra = sorted(set(arrays) - set(self.global_arrays))
+        if extra:
+            raise ReplyError(f"unexpected arrays {extra[:3]}")
         for key, ref in self.global_arrays.items():
             got = arrays.get(key)
-            if got is None or got.shape != ref.shape:
-                raise ReplyError(f"array '{key}' missing or of shape "
-                                 f"{None if got is None else got.shape}, expected {ref.shape}")
+            if got is None or got.shape != ref.shape or got.dtype != ref.dtype:
+                found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
+                raise ReplyError(f"array '{key}' is {found}, expected {ref.dtype}{list(ref.shape)}")
             if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
                 raise ReplyError(f"array '{key}' has non-finite values")
         metrics = dict(content.metric_records["metrics"])
-        app_u = np.asarray(metrics.get("app_u", []), dtype=np.float64)
+        for key in ("partition_id", "num_labeled", "num_unlabeled"):
+            if not isinstance(metrics.get(key), int) or metrics[key] < 0:
+                raise ReplyError(f"metric '{key}' missing or not a non-negative integer")
+        sender = self.pid_of.get(msg.metadata.src_node_id)
+        if sender is not None and metrics["partition_id"] != sender:
+            raise ReplyError(f"claims partition {metrics['partition_id']} but node holds {sender}")
+        app_u = np.asarray(metrics.get("app_u", []), dtype=np.float64).reshape(-1)
         k = self.num_classes
         if app_u.shape != (k,):
             raise ReplyError(f"app_u has length {app_u.size}, expected {k}")
         if not np.isfinite(app_u).all() or (app_u < 0).any() or abs(app_u.sum() - 1) > 1e-3:
             raise ReplyError("app_u must be finite, non-negative and sum to 1")
-        metrics["partition_id"] = int(metrics.get("partition_id", -1))
         return {"arrays": arrays, "metrics": metrics, "app_u": app_u}
 
     def aggregation_weights(self, parsed: list[dict[str, Any]]) -> tuple[np.ndarray, dict]:
@@ -132,19 +171,24 @@ class WeightedAverage(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        parsed, failures = [], []
+        parsed, failures, replied = [], [], set()
         for msg in replies:
             node = msg.metadata.src_node_id
-            if msg.has_error():
-                failures.append({"node_id": node, "reason": msg.error.reason})
-                continue
+            replied.add(node)
             try:
+                if msg.has_error():
+                    raise ReplyError(f"client error: {msg.error.reason}")
                 parsed.append(self.parse_reply(msg))
             except ReplyError as err:
-                failures.append({"node_id": node, "reason": str(err)})
+                failures.append({"partition_id": self.pid_of.get(node), "node_id": node,
+                                 "reason": str(err)})
+        for pid in self.last_round.get("sampled", []):
+            if self.node_of.get(pid) not in replied:
+                failures.append({"partition_id": pid, "node_id": self.node_of.get(pid),
+                                 "reason": "no reply within fl.round_timeout (node failed or gone)"})
         for f in failures:
-            log(WARNING, "round %s: reply from node %s dropped: %s", server_round, f["node_id"],
-                f["reason"])
+            log(WARNING, "round %s: reply of partition %s (node %s) dropped: %s", server_round,
+                f["partition_id"], f["node_id"], f["reason"])
         parsed.sort(key=lambda p: p["metrics"]["partition_id"])
         self.last_round.update({"failures": failures, "skipped": False})
         if len(parsed) < self.cfg["fl"]["min_train_clients"]:

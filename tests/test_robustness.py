@@ -1,0 +1,209 @@
+"""Server-side robustness with the real ServerApp/strategy/ClientApp on an in-process grid:
+malformed and failing clients, crash and resume, determinism."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from client_app.app import app as client_app
+from fssl import checkpoint
+from fssl.config import ConfigError, resolve
+from localgrid import LocalGrid
+from server_app.app import app as server_app
+
+ROUNDS = 4
+OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
+             "train.tau=0.6 fl.node_wait=0 checkpoint.every=2")
+TIMING = {"round_seconds"}
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
+
+
+@pytest.fixture(scope="module")
+def small_npz(tmp_path_factory):
+    """1,200 MNIST digits as a `.npz`, so that each simulated round takes a fraction of a second."""
+    from fssl.data import embedded_candidates
+
+    src = np.load(next(p for p in embedded_candidates() if p.is_file()))
+    path = tmp_path_factory.mktemp("data") / "small.npz"
+    np.savez(path, x_train=src["x_train"][:1000], y_train=src["y_train"][:1000],
+             x_test=src["x_test"][:200], y_test=src["y_test"][:200])
+    return path
+
+
+def run_server(run_dir, data, hook=None, resume=False, overrides=OVERRIDES, fraction=None,
+               app=client_app):
+    rc = {k: "" for k in ("method", "dpl", "dma", "dataset", "data-path", "partition", "model",
+                          "experiment", "num-server-rounds", "seed", "output-dir", "overrides",
+                          "resume")}
+    if resume:
+        rc["resume"] = str(run_dir)
+    else:
+        extra = f" fl.fraction_train={fraction}" if fraction else ""
+        rc.update({"dataset": "npz", "data-path": str(data), "num-server-rounds": ROUNDS,
+                   "seed": 4, "output-dir": str(run_dir), "overrides": overrides + extra})
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    server_app(LocalGrid(app, 6, hook), ctx)
+    return run_dir
+
+
+def records(run_dir):
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        for key in TIMING:
+            r.pop(key)
+        for c in r["clients"]:
+            c.pop("train_seconds")
+        out.append(r)
+    return out
+
+
+def round_of(ins):
+    return int(ins.content["config"]["server-round"]) if "config" in ins.content else 0
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, small_npz):
+    mp = pytest.MonkeyPatch()
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for k, v in (("_run_id", 1), ("_node_id", 0), ("_task_id", "t")):
+        mp.setattr(TaskIdentity, k, v, raising=False)
+    run_dir = run_server(tmp_path_factory.mktemp("base") / "run", small_npz)
+    mp.undo()
+    return run_dir
+
+
+def test_same_seed_gives_identical_metrics(baseline, small_npz, tmp_path):
+    again = run_server(tmp_path / "again", small_npz)
+    assert records(again) == records(baseline)
+    assert len(records(baseline)) == ROUNDS
+
+
+def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_path):
+    class Crash(BaseException):
+        pass
+
+    def crash_in_round_4(ins, ctx, reply):
+        if round_of(ins) == 4:
+            raise Crash()
+        return reply
+
+    run_dir = tmp_path / "crashed"
+    with pytest.raises(Crash):
+        run_server(run_dir, small_npz, hook=crash_in_round_4)
+    assert len(records(run_dir)) == 3                       # round 3 written, checkpoint at 2
+    _, state = checkpoint.load(run_dir)
+    assert state["round"] == 2
+    run_server(run_dir, small_npz, resume=True)
+    assert records(run_dir) == records(baseline)
+    a = torch.load(run_dir / "final_model.pt", weights_only=True)
+    b = torch.load(baseline / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_round"] == 2 and summary["rounds"] == ROUNDS
+
+
+def _corrupt(ins, reply, kind):
+    content = reply.content
+    arrays = {k: v.numpy() for k, v in content["arrays"].items()}
+    metrics = dict(content["metrics"])
+    if kind == "nan":
+        first = next(iter(arrays))
+        arrays[first] = np.full_like(arrays[first], np.nan)
+    else:
+        metrics["app_u"] = [0.5, 0.5]
+    rec = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                      "metrics": MetricRecord(metrics)})
+    return Message(content=rec, reply_to=ins)
+
+
+def test_malformed_replies_are_excluded_reported_and_cost_only_those_clients(small_npz, tmp_path):
+    bad = {0: "nan", 3: "app_u"}
+
+    def faulty(ins, ctx, reply):
+        pid = ctx.node_config["partition-id"]
+        if round_of(ins) in (1, 2) and pid in bad and not reply.has_error() \
+                and "arrays" in reply.content:
+            return _corrupt(ins, reply, bad[pid])
+        return reply
+
+    def lost(ins, ctx, reply):
+        pid = ctx.node_config["partition-id"]
+        if round_of(ins) in (1, 2) and pid in bad and "arrays" in reply.content:
+            return None
+        return reply
+
+    with_faults = records(run_server(tmp_path / "faults", small_npz, faulty, fraction=1.0))
+    with_losses = records(run_server(tmp_path / "lost", small_npz, lost, fraction=1.0))
+    for r in with_faults[:2]:
+        reasons = {f["partition_id"]: f["reason"] for f in r["failures"]}
+        assert r["num_failures"] == 2 and not r["skipped"]
+        assert "non-finite" in reasons[0] and "app_u has length 2" in reasons[3]
+        assert {c["partition_id"] for c in r["clients"]} == {1, 2, 4, 5}
+    assert with_faults[2]["num_failures"] == 0 and len(with_faults[2]["clients"]) == 6
+    # exactly as if those clients had not answered
+    assert [r["test_accuracy"] for r in with_faults] == [r["test_accuracy"] for r in with_losses]
+    for r in with_losses[:2]:
+        assert all("no reply" in f["reason"] for f in r["failures"])
+
+
+def test_a_raising_client_does_not_end_the_run(small_npz, tmp_path):
+    def raising_app(msg, ctx):
+        if ctx.node_config["partition-id"] == 0 and round_of(msg) > 0:
+            raise RuntimeError("boom")
+        return client_app(msg, ctx)
+
+    recs = records(run_server(tmp_path / "raise", small_npz, fraction=1.0, app=raising_app))
+    assert len(recs) == ROUNDS
+    for r in recs:
+        assert [f["partition_id"] for f in r["failures"]] == [0]
+        assert "RuntimeError: boom" in r["failures"][0]["reason"] and len(r["clients"]) == 5
+
+
+def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_path):
+    def drop_all_round_2(ins, ctx, reply):
+        return None if round_of(ins) == 2 and "arrays" in reply.content else reply
+
+    recs = records(run_server(tmp_path / "skip", small_npz, drop_all_round_2))
+    assert recs[1]["skipped"] and recs[1]["clients"] == [] and recs[1]["num_failures"] == 3
+    assert recs[1]["test_accuracy"] == recs[0]["test_accuracy"]
+    assert not recs[2]["skipped"]
+
+
+def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
+    arrays = {"global": {"w": np.arange(3, dtype=np.float32), "n": np.array(4)},
+              "strategy.momentum": {"w": np.ones(3)}}
+    checkpoint.save(tmp_path, arrays, {"round": 7, "x": [1, 2]})
+    got, state = checkpoint.load(tmp_path)
+    assert state["round"] == 7 and state["x"] == [1, 2]
+    assert np.array_equal(got["global"]["w"], arrays["global"]["w"])
+    assert got["global"]["n"].shape == () and got["strategy.momentum"]["w"].dtype == np.float64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"__state_json__": Evil()}, tmp_path / "checkpoint.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load(tmp_path)
+
+
+def test_resume_input_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        resolve({"resume": str(tmp_path / "nothing")})
+    with pytest.raises(ConfigError, match="remove \\['seed'\\]"):
+        resolve({"resume": str(tmp_path), "seed": 3})
