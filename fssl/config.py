@@ -188,6 +188,27 @@ def validate(cfg: dict[str, Any]) -> None:
              part["min_size"], "an integer >= 1")
     _require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
              "batchstat, bn, gn")
+    for key in ("nesterov",):
+        _require(isinstance(tr[key], bool), f"train.{key}", tr[key], "true or false")
+    for key in ("flip", "download"):
+        _require(isinstance(data[key], bool), f"dataset.{key}", data[key], "true or false")
+    _require(isinstance(data["path"], str), "dataset.path", data["path"], "a path string")
+    _require(isinstance(cfg["output_dir"], str), "output_dir", cfg["output_dir"], "a path string")
+    for key in ("mean", "std"):
+        v = data[key]
+        _require(v is None or (isinstance(v, list) and v and all(_number(x) for x in v)
+                               and (key == "mean" or all(x > 0 for x in v))),
+                 f"dataset.{key}", v, "null or a list of numbers per channel (std > 0)")
+    _require(cfg["method"].get("trainer") in ("supervised", "fixmatch"), "method.trainer",
+             cfg["method"].get("trainer"), "supervised, fixmatch")
+    _require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
+    for key in ("width", "gn_groups"):
+        _require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
+                 "an integer >= 1")
+    _require(_number(model["bn_momentum"]) and 0 < model["bn_momentum"] <= 1,
+             "model.bn_momentum", model["bn_momentum"], "a number in (0, 1]")
+    _require(_number(cfg["app_u"]["eps"]) and cfg["app_u"]["eps"] > 0, "app_u.eps",
+             cfg["app_u"]["eps"], "a number > 0")
     _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
              "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
     _require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,

@@ -38,6 +38,30 @@ def parse_run_config(text: str) -> dict:
     return values
 
 
+PATH_KEYS = ("output-dir", "resume", "data-path")
+
+
+def absolute_paths(values: dict) -> dict:
+    """Relative paths are meant from where the user stands, not from the SuperLink's directory."""
+    out = dict(values)
+    for key in PATH_KEYS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = str(Path(out[key]).expanduser().resolve())
+    return out
+
+
+def format_run_config(values: dict) -> str:
+    """Back to Flower's `k1=v1 k2=v2` form (TOML values; strings as literal strings)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f"'{v}'" if "'" not in v else '"' + v.replace('"', '\\"') + '"'
+        return str(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in values.items())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,13 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
-    from fssl.config import ConfigError, compose_from_run_config
+    from fssl.config import ConfigError, resolve
     from fssl.data import DataError, load_dataset
 
     try:
-        run_config = parse_run_config(args.run_config)
-        cfg = compose_from_run_config(run_config)
+        run_config = absolute_paths(parse_run_config(args.run_config))
+        cfg, resume_dir = resolve(run_config)
         load_dataset(cfg["dataset"])
+        if resume_dir is not None and not (resume_dir / "checkpoint.pt").is_file():
+            raise ConfigError(f"cannot resume: {resume_dir} has no checkpoint.pt yet")
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -102,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         fed[key] = value
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
     cmd = ["run", ".", "--format", "json", "--federation-config", fed_text]
-    if args.run_config:
-        cmd += ["--run-config", args.run_config]
+    if run_config:
+        cmd += ["--run-config", format_run_config(run_config)]
     try:
         started = flwr(cmd, env, capture=True)
         try:
