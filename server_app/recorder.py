@@ -89,9 +89,9 @@ class RoundRecorder:
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
         self.history.append(record)
-        done = server_round / self.cfg["num_rounds"]
+        done_here = server_round - (self.resumed_from or 0)      # rounds run by this process
         elapsed = time.perf_counter() - self.t_start
-        eta = elapsed / done - elapsed if done > 0 else 0.0
+        eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)
         pl = record["pseudo_label_ratio"]
         print(f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  test acc {acc:.4f}  "
               f"loss {loss:.4f}  pl ratio {pl if pl is not None else 0:.2f}  "

@@ -59,6 +59,22 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
                  "final_model.pt"):
         assert (out / name).is_file(), name
     assert not superlinks_of(tmp_path / "flwr-home")            # the SuperLink was stopped
+    # same seed, same machine: identical metrics from a second, independent simulation
+    again = tmp_path / "again"
+    res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{again}' overrides='{TINY}'")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert strip_timing(again / "metrics.jsonl") == strip_timing(out / "metrics.jsonl")
+
+
+def strip_timing(file):
+    out = []
+    for line in file.read_text().splitlines():
+        r = json.loads(line)
+        r.pop("round_seconds")
+        for c in r["clients"]:
+            c.pop("train_seconds")
+        out.append(r)
+    return out
 
 
 @pytest.mark.slow
