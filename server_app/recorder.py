@@ -58,11 +58,13 @@ class RoundRecorder:
         clients = info.get("clients", [])
         target = self.prev_class_acc       # class-wise accuracy of the model the clients received
         js_app, js_lab = [], []
+        k = self.ds.num_classes
         for c in clients:
-            if target is not None and c["app_u_global"]:
+            if target is not None and len(c["app_u_global"]) == k:
                 c["js_app_u"] = js_divergence(c["app_u_global"], target)
-                c["js_labeled"] = js_divergence(c["labeled_histogram"], target)
                 js_app.append(c["js_app_u"])
+            if target is not None and len(c["labeled_histogram"]) == k:
+                c["js_labeled"] = js_divergence(c["labeled_histogram"], target)
                 js_lab.append(c["js_labeled"])
         pl_acc = [c["pseudo_label_accuracy"] for c in clients
                   if c["pseudo_label_accuracy"] is not None]

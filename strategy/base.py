@@ -223,23 +223,34 @@ class WeightedAverage(FedAvg):
         return new
 
 
+def _num(metrics: dict[str, Any], key: str) -> float | None:
+    """An optional scalar metric, or None when absent or not a finite number."""
+    v = metrics.get(key)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _floats(metrics: dict[str, Any], key: str) -> list[float]:
+    v = metrics.get(key)
+    return [float(x) for x in v] if isinstance(v, list) else []
+
+
 def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
-    """One participating client's entry in metrics.jsonl."""
-    rec = {
+    """One participating client's entry in metrics.jsonl (optional metrics may be missing)."""
+    count = _num(metrics, "pseudo_label_count") or 0
+    return {
         "partition_id": metrics["partition_id"],
-        "num_labeled": int(metrics.get("num_labeled", 0)),
-        "num_unlabeled": int(metrics.get("num_unlabeled", 0)),
-        "app_u": [float(v) for v in metrics["app_u"]],
-        "app_u_global": [float(v) for v in metrics.get("app_u_global", [])],
+        "num_labeled": metrics["num_labeled"],
+        "num_unlabeled": metrics["num_unlabeled"],
+        "app_u": _floats(metrics, "app_u"),
+        "app_u_global": _floats(metrics, "app_u_global"),
         "weight": weight,
-        "pseudo_label_accuracy": None,
-        "pseudo_label_ratio": float(metrics.get("pseudo_label_ratio", 0.0)),
-        "pseudo_label_accuracy_all": metrics.get("pseudo_label_accuracy_all"),
-        "labeled_histogram": [int(v) for v in metrics.get("labeled_histogram", [])],
-        "loss_sup": float(metrics.get("loss_sup", math.nan)),
-        "loss_unsup": float(metrics.get("loss_unsup", math.nan)),
-        "train_seconds": float(metrics.get("train_seconds", math.nan)),
+        "pseudo_label_accuracy": _num(metrics, "pseudo_label_accuracy") if count > 0 else None,
+        "pseudo_label_ratio": _num(metrics, "pseudo_label_ratio") or 0.0,
+        "pseudo_label_accuracy_all": _num(metrics, "pseudo_label_accuracy_all"),
+        "labeled_histogram": [int(x) for x in _floats(metrics, "labeled_histogram")],
+        "loss_sup": _num(metrics, "loss_sup"),
+        "loss_unsup": _num(metrics, "loss_unsup"),
+        "train_seconds": _num(metrics, "train_seconds"),
     }
-    if int(metrics.get("pseudo_label_count", 0)) > 0:
-        rec["pseudo_label_accuracy"] = float(metrics["pseudo_label_accuracy"])
-    return rec

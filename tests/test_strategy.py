@@ -158,3 +158,33 @@ def test_federated_evaluation_is_optional_and_aggregated(monkeypatch):
         replies.append(Message(content=rec, reply_to=ins))
     agg = on.aggregate_evaluate(1, replies)
     assert agg["eval_accuracy"] == pytest.approx(0.25)            # weighted by examples
+
+
+def test_odd_optional_metrics_do_not_break_the_round():
+    s = make_strategy(_cfg("dma.enabled=false"), K)
+    _start(s, _global())
+    odd = _metrics(0, [0.2, 0.3, 0.5], loss_sup=[1.0, 2.0], pseudo_label_accuracy=float("nan"),
+                   labeled_histogram=[0.5, 1.5])
+    del odd["app_u_global"]
+    replies = [make_reply(_client([1.0, 1.0]), odd, node=10),
+               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11)]
+    arrays, _ = s.aggregate_train(1, replies)
+    assert arrays is not None
+    rec = s.last_round["clients"][0]
+    assert rec["loss_sup"] is None and rec["pseudo_label_accuracy"] is None
+    assert rec["app_u_global"] == [] and rec["labeled_histogram"] == [0, 1]
+
+
+def test_reply_claiming_another_partition_or_dtype_is_dropped():
+    s = make_strategy(_cfg("dma.enabled=false"), K)
+    s.bind_nodes({0: 10, 1: 11, 2: 12})
+    _start(s, _global())
+    wrong_dtype = _client([1.0, 1.0])
+    wrong_dtype["w"] = wrong_dtype["w"].astype(np.float64)
+    replies = [make_reply(_client([1.0, 1.0]), _metrics(2, [0.2, 0.3, 0.5]), node=10),
+               make_reply(wrong_dtype, _metrics(1, [0.5, 0.3, 0.2]), node=11),
+               make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.3, 0.2]), node=12)]
+    s.aggregate_train(1, replies)
+    reasons = {f["partition_id"]: f["reason"] for f in s.last_round["failures"]}
+    assert "claims partition 2 but node holds 0" in reasons[0]
+    assert "float64[2], expected float32[2]" in reasons[1]
