@@ -73,3 +73,22 @@ def test_evaluate_and_query():
 def test_bad_partition_id_is_refused():
     with pytest.raises(ValueError, match="partition-id 9 is outside 0..3"):
         _run(compose(TINY), pid=9)
+
+
+def test_wrn28_2_on_cifar10_files(tmp_path):
+    """The paper's model and a 3-channel dataset (flip on) through the ClientApp."""
+    from test_data import write_cifar10
+
+    write_cifar10(tmp_path)
+    cfg = compose(["experiment=paper/cifar10_iid", f"dataset.path={tmp_path}",
+                   "fl.num_clients=2", "dataset.num_labeled=20", "train.local_epochs=1",
+                   "train.tau=0.1"])
+    torch.manual_seed(0)
+    model = build_model(cfg["model"], 10, 3)
+    config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(cfg)})
+    arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
+    reply = client_app(make_instruction(arrays, config), make_context(0, 2))
+    m = reply.content["metrics"]
+    assert m["num_labeled"] == 10 and m["num_unlabeled"] == 50
+    assert len(m["app_u"]) == 10 and m["pseudo_label_count"] > 0
+    assert set(reply.content["arrays"].keys()) == set(model.state_dict().keys())
