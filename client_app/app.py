@@ -1,8 +1,10 @@
 """ClientApp: local semi-supervised training per method, APP-U shipped in the train reply.
 
-The server sends the resolved configuration (JSON) with every instruction, so clients need no
-Hydra; a client reads its own partition through `node_config["partition-id"]` and keeps its data
-resident on the training device for the life of the worker process.
+The server sends the resolved configuration (JSON, with the dataset's classes, channels and
+normalisation) with every instruction, so clients need no Hydra. In simulation a client takes its
+partition of the dataset through `node_config["partition-id"]`; in deployment `node_config["data-path"]`
+names its own file (written by `python -m server_app.deploy export`) and it never sees other clients'
+data. Either way the data stays resident on the training device for the life of the worker process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fssl.models import build_model
-from fssl.runtime import client_data_for, dataset_for
+from fssl.runtime import client_data_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, make_trainer, resolve_device
 
@@ -23,21 +25,22 @@ app = ClientApp()
 
 def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"]["run-config"])
-    pid = int(context.node_config["partition-id"])
+    meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
-    ds = dataset_for(cfg)
-    model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0]).to(device)
+    model = build_model(cfg["model"], meta["num_classes"], meta["channels"]).to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return cfg, pid, device, ds, model
+    pid = int(context.node_config["partition-id"])
+    own_file = context.node_config.get("data-path")    # deployment: this client's data only
+    data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
+    return cfg, pid, meta, data, model
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg, pid, device, ds, model = _setup(msg, context)
+    cfg, pid, meta, data, model = _setup(msg, context)
     conf = msg.content["config"]
     server_round = int(conf["server-round"])
-    data = client_data_for(cfg, pid, device)
-    trainer = make_trainer(cfg, ds.mean, ds.std, device)
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
     metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid))
     metrics["partition_id"] = pid
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
@@ -49,9 +52,8 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received model on the client's labeled data."""
-    cfg, pid, device, ds, model = _setup(msg, context)
-    data = client_data_for(cfg, pid, device)
-    loss, acc, _ = evaluate_model(model, data.x_l, data.y_l, ds.mean, ds.std,
+    cfg, pid, meta, data, model = _setup(msg, context)
+    loss, acc, _ = evaluate_model(model, data.x_l, data.y_l, meta["mean"], meta["std"],
                                   cfg["eval"]["batch_size"])
     metrics = MetricRecord({"eval_loss": loss, "eval_accuracy": acc,
                             "num-examples": int(len(data.y_l))})

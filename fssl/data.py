@@ -237,3 +237,58 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
         raise DataError(f"{name}: mean/std need {channels} values, got {mean} / {std}")
     return Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], k,
                    tuple(float(m) for m in mean), tuple(float(s) for s in std))
+
+
+CLIENT_ARRAYS = ("x_labeled", "y_labeled", "x_unlabeled")
+
+
+def read_client_file(path: str | Path, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One deployed client's own data: `x_labeled`, `y_labeled`, `x_unlabeled` and optionally
+    `y_unlabeled` (hidden labels, used only for pseudo-label metrics), checked against the server's
+    dataset meta (classes, channels)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"client data file not found: {file.resolve()} (node config data-path); "
+                        "write one per client with `python -m server_app.deploy export`")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            missing = [k for k in CLIENT_ARRAYS if k not in z.files]
+            if missing:
+                raise DataError(f"{file}: missing arrays {missing}; a client file needs "
+                                f"{', '.join(CLIENT_ARRAYS)} (and optionally y_unlabeled)")
+            out = {k: z[k] for k in z.files if k in CLIENT_ARRAYS + ("y_unlabeled",)}
+    except (OSError, ValueError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{file}: not a readable .npz without pickles ({err})") from err
+    if "y_unlabeled" not in out:
+        out["y_unlabeled"] = np.full(len(out["x_unlabeled"]), -1, dtype=np.int64)
+    for part in ("labeled", "unlabeled"):
+        x, y = out[f"x_{part}"], out[f"y_{part}"]
+        if x.dtype != np.uint8:
+            raise DataError(f"{file}: x_{part} must be uint8, got {x.dtype}")
+        if x.ndim == 3:
+            x = out[f"x_{part}"] = x[..., None]
+        if x.ndim != 4 or x.shape[-1] != meta["channels"]:
+            raise DataError(f"{file}: x_{part} must be N x H x W x {meta['channels']}, got {x.shape}")
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer) or \
+                y.max(initial=-1) >= meta["num_classes"]:
+            raise DataError(f"{file}: y_{part} must be {len(x)} labels below "
+                            f"{meta['num_classes']}")
+        out[f"y_{part}"] = y.astype(np.int64)
+    if (out["y_labeled"] < 0).any() or len(out["y_labeled"]) == 0:
+        raise DataError(f"{file}: y_labeled must hold at least one label, all >= 0")
+    return out
+
+
+def write_client_files(ds: Dataset, labeled: list[np.ndarray], unlabeled: list[np.ndarray],
+                       out_dir: Path) -> list[Path]:
+    """One file per client with only its own data, for deployment."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for pid, (li, ui) in enumerate(zip(labeled, unlabeled)):
+        file = out_dir / f"client_{pid}.npz"
+        np.savez(file, x_labeled=ds.x_train[li], y_labeled=ds.y_train[li],
+                 x_unlabeled=ds.x_train[ui], y_unlabeled=ds.y_train[ui])
+        files.append(file)
+    return files

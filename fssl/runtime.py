@@ -7,9 +7,9 @@ from functools import lru_cache
 
 import torch
 
-from .data import Dataset, load_dataset
+from .data import Dataset, load_dataset, read_client_file
 from .partition import Partition, partition_from_cfg
-from .train import ClientData, client_data
+from .train import ClientData, client_data, to_nchw
 
 
 def _data_key(cfg: dict) -> str:
@@ -40,12 +40,26 @@ def partition_for(cfg: dict) -> Partition:
     return _partition(_data_key(cfg))
 
 
-_CLIENTS: dict[tuple[str, int, str], ClientData] = {}
+def data_meta(ds: Dataset) -> dict:
+    """What a client needs to know of the dataset without holding it."""
+    return {"num_classes": ds.num_classes, "channels": ds.image_shape[0],
+            "mean": list(ds.mean), "std": list(ds.std)}
 
 
-def client_data_for(cfg: dict, pid: int, device: torch.device) -> ClientData:
-    """The client's labeled/unlabeled tensors, resident on `device`, built once per process."""
-    key = (_data_key(cfg), pid, str(device))
+_CLIENTS: dict[tuple, ClientData] = {}
+
+
+def client_data_for(cfg: dict, pid: int, device: torch.device,
+                    own_file: str | None = None) -> ClientData:
+    """The client's labeled/unlabeled tensors, resident on `device`, built once per process:
+    its partition of the dataset (simulation) or its own file (deployment)."""
+    key = (own_file or _data_key(cfg), pid, str(device))
+    if key not in _CLIENTS and own_file:
+        a = read_client_file(own_file, cfg["data_meta"])
+        _CLIENTS[key] = ClientData(to_nchw(a["x_labeled"], device),
+                                   torch.from_numpy(a["y_labeled"]).to(device),
+                                   to_nchw(a["x_unlabeled"], device),
+                                   torch.from_numpy(a["y_unlabeled"]).to(device))
     if key not in _CLIENTS:
         part = partition_for(cfg)
         if not 0 <= pid < part.num_clients:

@@ -187,12 +187,11 @@ class FixMatch(LocalTrainer):
         correct = labels == data.y_u
         n_conf = int(mask.sum())
         self.conf_idx = mask.nonzero(as_tuple=True)[0]
-        return {
-            "pseudo_label_ratio": n_conf / max(len(mask), 1),
-            "pseudo_label_accuracy": float(correct[mask].float().mean()) if n_conf else 0.0,
-            "pseudo_label_count": n_conf,
-            "pseudo_label_accuracy_all": float(correct.float().mean()) if len(mask) else 0.0,
-        }
+        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf}
+        if bool((data.y_u >= 0).all()):        # hidden labels known (simulation, exported files)
+            out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
+            out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
+        return out
 
     def unlabeled_batch(self, model, data, unl_idx, prior):
         norm_all = self.tr["unlabeled_loss_norm"] == "all"

@@ -20,7 +20,7 @@ from fssl import checkpoint
 from fssl.config import resolve
 from fssl.models import build_model
 from fssl.partition import save_partition
-from fssl.runtime import dataset_for, partition_for
+from fssl.runtime import data_meta, dataset_for, partition_for
 from fssl.train import resolve_device
 from strategy import WeightedAverage, make_strategy
 from strategy.base import arrays_to_numpy, numpy_to_arrays
@@ -84,6 +84,7 @@ def main(grid: Grid, context: Context) -> None:
 
     device = resolve_device(cfg["device"])
     ds = dataset_for(cfg)
+    cfg["data_meta"] = data_meta(ds)
     if resume_dir is None:
         save_partition(partition_for(cfg), ds.y_train, run_dir)
 

@@ -11,13 +11,23 @@ from fssl.config import compose
 from fssl.models import build_model
 
 
-def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN):
+def with_meta(cfg):
+    """What the ServerApp adds before sending the configuration."""
+    from fssl.runtime import data_meta, dataset_for
+
+    return {**cfg, "data_meta": data_meta(dataset_for(cfg))}
+
+
+def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN, node_config=None):
+    cfg = with_meta(cfg)
     torch.manual_seed(0)
     model = build_model(cfg["model"], 10, 1)
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
     config = ConfigRecord({"server-round": server_round, "lr": 0.1,
                            "run-config": json.dumps(cfg)})
-    return model, client_app(make_instruction(arrays, config, mtype), make_context(pid))
+    ctx = make_context(pid)
+    ctx.node_config.update(node_config or {})
+    return model, client_app(make_instruction(arrays, config, mtype), ctx)
 
 
 @pytest.mark.parametrize("method", ["feddb", "fixmatch", "fedavg"])
@@ -85,10 +95,32 @@ def test_wrn28_2_on_cifar10_files(tmp_path):
                    "train.tau=0.1"])
     torch.manual_seed(0)
     model = build_model(cfg["model"], 10, 3)
-    config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(cfg)})
+    config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(with_meta(cfg))})
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
     reply = client_app(make_instruction(arrays, config), make_context(0, 2))
     m = reply.content["metrics"]
     assert m["num_labeled"] == 10 and m["num_unlabeled"] == 50
     assert len(m["app_u"]) == 10 and m["pseudo_label_count"] > 0
     assert set(reply.content["arrays"].keys()) == set(model.state_dict().keys())
+
+
+def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path):
+    from fssl.data import DataError, write_client_files
+    from fssl.runtime import dataset_for, partition_for
+
+    cfg = compose(TINY)
+    part = partition_for(cfg)
+    files = write_client_files(dataset_for(cfg), part.labeled, part.unlabeled, tmp_path)
+    _, sim = _run(cfg, pid=2)
+    _, dep = _run(cfg, pid=2, node_config={"data-path": str(files[2])})
+    a, b = (r.content["arrays"].to_torch_state_dict() for r in (sim, dep))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert dict(sim.content["metrics"]) | {"train_seconds": 0} == \
+        dict(dep.content["metrics"]) | {"train_seconds": 0}
+    # without hidden labels: training works, pseudo-label accuracy is simply not reported
+    with np.load(files[1]) as z:
+        np.savez(tmp_path / "nolabels.npz", **{k: z[k] for k in z.files if k != "y_unlabeled"})
+    _, nolab = _run(cfg, pid=1, node_config={"data-path": str(tmp_path / "nolabels.npz")})
+    assert "pseudo_label_accuracy" not in nolab.content["metrics"]
+    with pytest.raises(DataError, match="client data file not found"):
+        _run(cfg, pid=0, node_config={"data-path": str(tmp_path / "missing.npz")})
