@@ -58,3 +58,31 @@ class LocalGrid(Grid):
             if reply is not None:
                 replies.append(reply)
         return replies
+
+
+RUN_CONFIG_KEYS = ("method", "dpl", "dma", "dataset", "data-path", "partition", "model",
+                   "experiment", "num-server-rounds", "seed", "output-dir", "overrides", "resume")
+
+
+def run_in_process(run_config: dict, num_nodes: int, hook: Callable | None = None,
+                   app=None) -> None:
+    """The real ServerApp over a LocalGrid of `num_nodes` nodes (needs TaskIdentity patched)."""
+    from client_app.app import app as client_app
+    from server_app.app import app as server_app
+
+    rc = {k: "" for k in RUN_CONFIG_KEYS} | run_config
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    server_app(LocalGrid(app or client_app, num_nodes, hook), ctx)
+
+
+def metrics_without_timing(run_dir) -> list[dict]:
+    import json
+
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r.pop("round_seconds")
+        for c in r["clients"]:
+            c.pop("train_seconds")
+        out.append(r)
+    return out

@@ -7,18 +7,16 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from client_app.app import app as client_app
 from fssl import checkpoint
 from fssl.config import ConfigError, resolve
-from localgrid import LocalGrid
-from server_app.app import app as server_app
+from localgrid import metrics_without_timing, run_in_process
 
 ROUNDS = 4
 OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
              "train.tau=0.6 fl.node_wait=0 checkpoint.every=2")
-TIMING = {"round_seconds"}
 
 
 @pytest.fixture(autouse=True)
@@ -43,31 +41,18 @@ def small_npz(tmp_path_factory):
 
 
 def run_server(run_dir, data, hook=None, resume=False, overrides=OVERRIDES, fraction=None,
-               app=client_app):
-    rc = {k: "" for k in ("method", "dpl", "dma", "dataset", "data-path", "partition", "model",
-                          "experiment", "num-server-rounds", "seed", "output-dir", "overrides",
-                          "resume")}
+               app=None):
     if resume:
-        rc["resume"] = str(run_dir)
+        rc = {"resume": str(run_dir)}
     else:
         extra = f" fl.fraction_train={fraction}" if fraction else ""
-        rc.update({"dataset": "npz", "data-path": str(data), "num-server-rounds": ROUNDS,
-                   "seed": 4, "output-dir": str(run_dir), "overrides": overrides + extra})
-    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    server_app(LocalGrid(app, 6, hook), ctx)
+        rc = {"dataset": "npz", "data-path": str(data), "num-server-rounds": ROUNDS, "seed": 4,
+              "output-dir": str(run_dir), "overrides": overrides + extra}
+    run_in_process(rc, 6, hook, app)
     return run_dir
 
 
-def records(run_dir):
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        for key in TIMING:
-            r.pop(key)
-        for c in r["clients"]:
-            c.pop("train_seconds")
-        out.append(r)
-    return out
+records = metrics_without_timing
 
 
 def round_of(ins):

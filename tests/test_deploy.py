@@ -1,0 +1,104 @@
+"""Real deployments on loopback: a SuperLink and SuperNodes as separate processes, TLS and
+SuperNode authentication on (tens of seconds each: Flower starts a ClientApp process per message)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localgrid import metrics_without_timing, run_in_process
+from server_app.deploy import LocalDeployment, make_keys
+
+PROJECT = Path(__file__).resolve().parents[1]
+TINY = ("fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
+        "train.tau=0.6 fl.node_wait=30")
+
+
+def deploy(tmp_path, run_config, *extra, timeout=420):
+    return subprocess.run([sys.executable, "-m", "server_app.deploy", "local", "--nodes", "3",
+                           "--workdir", str(tmp_path / "w"), "--run-config", run_config, *extra],
+                          cwd=PROJECT, text=True, capture_output=True, timeout=timeout,
+                          env=dict(os.environ))
+
+
+def alive(workdir: Path) -> list[int]:
+    """Flower processes still running that belong to this deployment."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if proc.name.isdigit() and b"flower-super" in cmd and str(workdir).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", "t")):
+        monkeypatch.setattr(TaskIdentity, key, value, raising=False)
+
+
+@pytest.mark.slow
+def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_identity):
+    out = tmp_path / "run"
+    res = deploy(tmp_path, f"num-server-rounds=2 seed=2 output-dir='{out}' overrides='{TINY}'")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "finished:completed" in res.stdout
+    logs = (tmp_path / "w" / "logs")
+    assert "--enable-supernode-auth" not in res.stdout            # sanity: logs are in files
+    assert (tmp_path / "w" / "certs" / "ca.crt").is_file()
+    assert len(list((tmp_path / "w" / "keys").glob("*.pub"))) == 3
+    assert sorted(p.name for p in logs.iterdir())[:1] == ["superlink.log"]
+    deployed = metrics_without_timing(out)
+    assert [r["round"] for r in deployed] == [1, 2]
+    assert all(len(r["clients"]) == 3 and r["num_failures"] == 0 for r in deployed)
+    # the same configuration in simulation: the same metrics
+    sim = tmp_path / "sim"
+    run_in_process({"num-server-rounds": 2, "seed": 2, "output-dir": str(sim),
+                    "overrides": TINY}, 3)
+    assert metrics_without_timing(sim) == deployed
+    assert not alive(tmp_path / "w")
+
+
+@pytest.mark.slow
+def test_supernode_with_unregistered_key_is_refused(tmp_path):
+    dep = LocalDeployment(tmp_path / "w")
+    try:
+        dep.start_superlink()
+        good, bad = make_keys(dep.workdir / "keys", 2)
+        dep.register(good)
+        ok = dep.start_supernode(0, 2, None, good)
+        refused = dep.start_supernode(1, 2, None, bad)
+        assert refused.wait(timeout=90) != 0
+        assert ok.poll() is None                                   # the registered one stays
+        node_log = (dep.logs / "supernode_1.log").read_text()
+        assert "Failed to activate SuperNode" in node_log
+        time.sleep(1)
+        assert "Attempted to register SuperNode with public key" in \
+            (dep.logs / "superlink.log").read_text()
+    finally:
+        dep.close()
+    assert not alive(tmp_path / "w")
+
+
+@pytest.mark.slow
+def test_killed_supernode_does_not_end_the_run(tmp_path):
+    out = tmp_path / "run"
+    res = deploy(tmp_path, f"num-server-rounds=3 seed=2 output-dir='{out}' "
+                           f"overrides='{TINY} fl.round_timeout=60'", "--kill-node-after", "45")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "killed SuperNode 0" in res.stdout and "finished:completed" in res.stdout
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 3
+    lost = [f for r in recs for f in r["failures"] if f["partition_id"] == 0]
+    assert lost, recs
+    assert [c["partition_id"] for c in recs[-1]["clients"]] == [1, 2]
+    assert not alive(tmp_path / "w")
