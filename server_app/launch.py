@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus-per-client", type=float, default=0.0,
                     help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU)")
     ap.add_argument("--federation-config", default="", help="extra Flower federation config")
+    ap.add_argument("--ray-address", default="",
+                    help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
@@ -119,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if args.ray_address:
+        # Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from
+        # the SuperLink this launcher starts, makes it join the cluster instead of starting one.
+        env["RAY_ADDRESS"] = args.ray_address
     fed = {"num-supernodes": cfg["fl"]["num_clients"],
            "client-resources-num-cpus": args.cpus_per_client}
     if args.gpus_per_client > 0:

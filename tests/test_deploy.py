@@ -102,3 +102,44 @@ def test_killed_supernode_does_not_end_the_run(tmp_path):
     assert lost, recs
     assert [c["partition_id"] for c in recs[-1]["clients"]] == [1, 2]
     assert not alive(tmp_path / "w")
+
+
+@pytest.mark.slow
+def test_simulation_on_an_existing_ray_cluster(tmp_path):
+    """A Ray head and a worker node (both local), then `flwr run` attached to that cluster."""
+    import socket
+
+    ray = str(Path(sys.executable).with_name("ray"))
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", FLWR_HOME=str(tmp_path / "flwr-home"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    try:
+        subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "1",
+                        "--include-dashboard=false", "--disable-usage-stats"], env=env,
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run([ray, "start", "--address", address, "--num-cpus", "1"], env=env,
+                       check=True, capture_output=True, timeout=120)
+        nodes = subprocess.run([sys.executable, "-c", "import ray; ray.init(address='" + address
+                                + "', logging_level='ERROR'); print(len(ray.nodes()))"],
+                               env=env, capture_output=True, text=True, timeout=120)
+        assert nodes.stdout.strip().endswith("2"), nodes.stderr[-2000:]
+        out = tmp_path / "run"
+        res = subprocess.run(
+            [sys.executable, "-m", "server_app.launch", "--ray-address", address, "--run-config",
+             f"num-server-rounds=1 output-dir='{out}' overrides='fl.num_clients=4 "
+             "fl.fraction_train=1.0 dataset.num_labeled=200 train.local_epochs=1 fl.node_wait=5'"],
+            cwd=PROJECT, env=env, text=True, capture_output=True, timeout=400)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert len(json.loads((out / "metrics.jsonl").read_text())["clients"]) == 4
+        # the cluster's actor table: Flower's client actors ran there, on both nodes
+        probe = ("import json, ray; ray.init(address='" + address + "', logging_level='ERROR');"
+                 "a = ray._private.state.actors().values();"
+                 "print(json.dumps(sorted({x['Address']['NodeID'] for x in a "
+                 "if x['ActorClassName'] == 'ClientAppActor'})))")
+        actors = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert len(json.loads(actors.stdout.strip().splitlines()[-1])) == 2, actors.stderr[-2000:]
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
