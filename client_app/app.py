@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 

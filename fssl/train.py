@@ -88,10 +88,6 @@ class LocalTrainer:
         """Called once with the received model's weak-view probabilities and APP-U."""
         return {}
 
-    def unlabeled_loss(self, model: nn.Module, data: ClientData, prior: torch.Tensor,
-                       n_lab_logits: torch.Tensor | None) -> tuple[torch.Tensor | None, int]:
-        return None, 0
-
     # -- the round -------------------------------------------------------------------------
     def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int) -> dict[str, Any]:
         t0 = time.perf_counter()

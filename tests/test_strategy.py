@@ -137,7 +137,6 @@ def test_federated_evaluation_is_optional_and_aggregated(monkeypatch):
     from flwr.app import MetricRecord
     from flwr.supercore.task_identity import TaskIdentity
 
-    from conftest import make_metadata
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
