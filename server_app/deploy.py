@@ -183,8 +183,9 @@ class LocalDeployment:
         started = _flwr(cmd, self.env)
         try:
             return int(_json(started.stdout)["run-id"])
-        except (ValueError, KeyError):
-            raise RuntimeError(f"`flwr run` did not start:\n{started.stdout}{started.stderr}")
+        except (ValueError, KeyError) as err:
+            raise RuntimeError(
+                f"`flwr run` did not start:\n{started.stdout}{started.stderr}") from err
 
     def follow(self, run_id: int, kill_node_after: float | None = None) -> dict:
         """Poll the run until it ends (optionally killing SuperNode 0 after a delay); print log."""

@@ -25,6 +25,20 @@ def tiny_cfg() -> dict:
     return compose(TINY)
 
 
+def flower_pids(marker: Path) -> list[int]:
+    """Running flower-superlink/-supernode/-superexec processes whose command line names `marker`
+    (a test's FLWR_HOME or deployment directory): what a test must have stopped."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if proc.name.isdigit() and b"flower-super" in cmd and str(marker).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
 def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
                   reply_to: str = "") -> Metadata:
     return Metadata(run_id=1, message_id=f"m{src}-{dst}-{time.time_ns()}", src_node_id=src,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import flower_pids
 from localgrid import metrics_without_timing, run_in_process
 from server_app.deploy import LocalDeployment, make_keys
 
@@ -23,19 +24,6 @@ def deploy(tmp_path, run_config, *extra, timeout=420):
                            "--workdir", str(tmp_path / "w"), "--run-config", run_config, *extra],
                           cwd=PROJECT, text=True, capture_output=True, timeout=timeout,
                           env=dict(os.environ))
-
-
-def alive(workdir: Path) -> list[int]:
-    """Flower processes still running that belong to this deployment."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if proc.name.isdigit() and b"flower-super" in cmd and str(workdir).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
 
 
 @pytest.fixture
@@ -65,7 +53,7 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
     run_in_process({"num-server-rounds": 2, "seed": 2, "output-dir": str(sim),
                     "overrides": TINY}, 3)
     assert metrics_without_timing(sim) == deployed
-    assert not alive(tmp_path / "w")
+    assert not flower_pids(tmp_path / "w")
 
 
 @pytest.mark.slow
@@ -86,7 +74,7 @@ def test_supernode_with_unregistered_key_is_refused(tmp_path):
             (dep.logs / "superlink.log").read_text()
     finally:
         dep.close()
-    assert not alive(tmp_path / "w")
+    assert not flower_pids(tmp_path / "w")
 
 
 @pytest.mark.slow
@@ -101,7 +89,7 @@ def test_killed_supernode_does_not_end_the_run(tmp_path):
     lost = [f for r in recs for f in r["failures"] if f["partition_id"] == 0]
     assert lost, recs
     assert [c["partition_id"] for c in recs[-1]["clients"]] == [1, 2]
-    assert not alive(tmp_path / "w")
+    assert not flower_pids(tmp_path / "w")
 
 
 @pytest.mark.slow

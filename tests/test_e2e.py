@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import flower_pids
 from localgrid import metrics_without_timing
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -21,18 +22,6 @@ def launch(tmp_path, run_config, *extra, timeout=400):
     return subprocess.run([sys.executable, "-m", "server_app.launch", "--run-config", run_config,
                            *extra], cwd=PROJECT, env=env, text=True, capture_output=True,
                           timeout=timeout)
-
-
-def superlinks_of(flwr_home: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and b"flower-superlink" in (proc / "cmdline").read_bytes() \
-                    and str(flwr_home).encode() in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            pass
-    return pids
 
 
 @pytest.mark.slow
@@ -60,7 +49,7 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
     for name in ("config.yaml", "partition.json", "partition_summary.txt", "summary.json",
                  "final_model.pt"):
         assert (out / name).is_file(), name
-    assert not superlinks_of(tmp_path / "flwr-home")            # the SuperLink was stopped
+    assert not flower_pids(tmp_path / "flwr-home")            # the SuperLink was stopped
     # same seed, same machine: identical metrics from a second, independent simulation
     again = tmp_path / "again"
     res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{again}' overrides='{TINY}'")
@@ -75,7 +64,7 @@ def test_failed_run_exits_nonzero_with_the_reason(tmp_path):
     assert res.returncode == 1
     assert "finished:failed" in res.stderr
     assert "the federation has 3 SuperNodes but fl.num_clients=4" in res.stderr
-    assert not superlinks_of(tmp_path / "flwr-home")
+    assert not flower_pids(tmp_path / "flwr-home")
 
 
 @pytest.mark.parametrize("run_config,message", [
