@@ -14,10 +14,10 @@ import json
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fssl.models import build_model
+from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for
 from fssl.train import evaluate as evaluate_model
-from fssl.train import client_seed, make_trainer, resolve_device
+from fssl.train import client_seed, resolve_device
 
 app = ClientApp()
 
@@ -26,7 +26,7 @@ def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"]["run-config"])
     meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
-    model = build_model(cfg["model"], meta["num_classes"], meta["channels"]).to(device)
+    model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     pid = int(context.node_config["partition-id"])
     own_file = context.node_config.get("data-path")    # deployment: this client's data only
@@ -40,7 +40,10 @@ def train(msg: Message, context: Context) -> Message:
     conf = msg.content["config"]
     server_round = int(conf["server-round"])
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
-    metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid))
+    helpers = [msg.content.array_records[k].to_torch_state_dict()    # FedMatch: helpers' psi
+               for k in sorted(msg.content.array_records) if k.startswith("helper_")]
+    metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
+                          helpers)
     metrics["partition_id"] = pid
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -199,8 +199,7 @@ def validate(cfg: dict[str, Any]) -> None:
         _require(v is None or (isinstance(v, list) and v and all(_number(x) for x in v)
                                and (key == "mean" or all(x > 0 for x in v))),
                  f"dataset.{key}", v, "null or a list of numbers per channel (std > 0)")
-    _require(cfg["method"].get("trainer") in ("supervised", "fixmatch"), "method.trainer",
-             cfg["method"].get("trainer"), "supervised, fixmatch")
+    validate_method(cfg["method"])
     _require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
     for key in ("width", "gn_groups"):
         _require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
@@ -215,6 +214,39 @@ def validate(cfg: dict[str, Any]) -> None:
              "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
     _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
              "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
+
+
+TRAINER_NAMES = ("supervised", "fixmatch", "semifl", "fedmatch")
+STRATEGY_NAMES = ("fedavg", "fedrgd", "fedmatch")
+
+
+def validate_method(m: dict[str, Any]) -> None:
+    """The method's trainer, strategy and their own parameters (conf/method/*.yaml)."""
+    _require(m.get("trainer") in TRAINER_NAMES, "method.trainer", m.get("trainer"),
+             ", ".join(TRAINER_NAMES))
+    _require(m.get("strategy") in STRATEGY_NAMES, "method.strategy", m.get("strategy"),
+             ", ".join(STRATEGY_NAMES))
+    _require((m["trainer"] == "fedmatch") == (m["strategy"] == "fedmatch"), "method.strategy",
+             m["strategy"], "fedmatch exactly when method.trainer is fedmatch (decomposed model)")
+    _require(m.get("pseudo_labels", "round") in ("round", "online"), "method.pseudo_labels",
+             m.get("pseudo_labels"), "round, online")
+    if m["strategy"] == "fedrgd":
+        _require(isinstance(m.get("groups"), int) and m["groups"] >= 1, "method.groups",
+                 m.get("groups"), "an integer >= 1")
+    if m["trainer"] == "semifl":
+        _require(_number(m.get("mix_alpha")) and m["mix_alpha"] > 0, "method.mix_alpha",
+                 m.get("mix_alpha"), "a number > 0")
+    if m["trainer"] == "fedmatch":
+        for key in ("lambda_s", "lambda_a", "lambda_i", "lambda_l1", "lambda_l2", "l1_thres"):
+            _require(_number(m.get(key)) and m[key] >= 0, f"method.{key}", m.get(key),
+                     "a number >= 0")
+        _require(_number(m.get("psi_factor")) and m["psi_factor"] >= 0, "method.psi_factor",
+                 m.get("psi_factor"), "a number >= 0")
+        for key in ("num_helpers", "helper_interval", "probe_size"):
+            low = 0 if key == "num_helpers" else 1
+            _require(isinstance(m.get(key), int) and m[key] >= low, f"method.{key}", m.get(key),
+                     f"an integer >= {low}")
+        _require(m.get("view") in ("raw", "weak"), "method.view", m.get("view"), "raw, weak")
 
 
 def clients_per_round(cfg: dict[str, Any]) -> int:

@@ -36,3 +36,13 @@ def masked_ce(logits: torch.Tensor, labels: torch.Tensor, denominator: int) -> t
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
     return F.cross_entropy(logits, labels, reduction="sum") / max(denominator, 1)
+
+
+def mixup(x1: torch.Tensor, x2: torch.Tensor, lam: float) -> torch.Tensor:
+    """lam * x1 + (1 - lam) * x2 (SemiFL's mix inputs)."""
+    return lam * x1 + (1.0 - lam) * x2
+
+
+def mix_ce(logits: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, lam: float) -> torch.Tensor:
+    """lam * CE(logits, y1) + (1 - lam) * CE(logits, y2), batch means (SemiFL's mix loss)."""
+    return lam * F.cross_entropy(logits, y1) + (1.0 - lam) * F.cross_entropy(logits, y2)

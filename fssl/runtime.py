@@ -43,7 +43,7 @@ def partition_for(cfg: dict) -> Partition:
 def data_meta(ds: Dataset) -> dict:
     """What a client needs to know of the dataset without holding it."""
     return {"num_classes": ds.num_classes, "channels": ds.image_shape[0],
-            "mean": list(ds.mean), "std": list(ds.std)}
+            "mean": list(ds.mean), "std": list(ds.std), "image_shape": list(ds.image_shape)}
 
 
 _CLIENTS: dict[tuple, ClientData] = {}

@@ -82,21 +82,43 @@ class LocalTrainer:
     def weak_probs(self, model: nn.Module, data: ClientData) -> torch.Tensor:
         return self.predict(model, augment.weak(data.x_u, self.flip, self.gen))
 
+    def label_stats(self, labels: torch.Tensor, mask: torch.Tensor,
+                    data: ClientData) -> dict[str, float]:
+        """Ratio of confident pseudo-labels and their accuracy against the hidden true labels."""
+        n_conf = int(mask.sum())
+        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf}
+        if bool((data.y_u >= 0).all()):        # hidden labels known (simulation, exported files)
+            correct = labels == data.y_u
+            out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
+            out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
+        return out
+
     # -- hooks -----------------------------------------------------------------------------
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
+                               nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
+                               weight_decay=self.tr["weight_decay"])
+
     def begin_round(self, model: nn.Module, data: ClientData, probs_u: torch.Tensor,
                     prior: torch.Tensor) -> dict[str, float]:
         """Called once with the received model's weak-view probabilities and APP-U."""
         return {}
 
+    def unlabeled_count(self, data: ClientData) -> int:
+        """Size of the unlabeled pool a mini-batch epoch iterates over."""
+        return len(data.y_u)
+
     # -- the round -------------------------------------------------------------------------
-    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int) -> dict[str, Any]:
+    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
+            helpers: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none)."""
         t0 = time.perf_counter()
         torch.manual_seed(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.rng = np.random.default_rng(seed)           # host-side draws (e.g. mixup lambda)
+        self.helper_psi = helpers or []
         model.to(self.device).train()
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
-                              nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
-                              weight_decay=self.tr["weight_decay"])
+        opt = self.make_optimizer(model, lr)
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
         prior0 = app_u(probs0)
@@ -127,9 +149,9 @@ class LocalTrainer:
                             None, prior)
             return
         bs = self.tr["batch_size"]
-        n_l, n_u = len(data.y_l), len(data.y_u)
+        n_l, n_u = len(data.y_l), self.unlabeled_count(data)
         ubs = bs * self.tr["mu"]
-        steps = max(1, math.ceil(n_u / ubs)) if self.uses_unlabeled else math.ceil(n_l / bs)
+        steps = math.ceil(n_u / ubs) if self.uses_unlabeled and n_u else math.ceil(n_l / bs)
         lab = self._cycle(n_l, steps * min(bs, n_l))
         unl = self._cycle(n_u, steps * min(ubs, n_u))
         lb, ub = min(bs, n_l), min(ubs, n_u)
@@ -138,6 +160,8 @@ class LocalTrainer:
                             prior)
 
     def _cycle(self, n: int, total: int) -> torch.Tensor:
+        if n == 0 or total == 0:
+            return torch.empty(0, dtype=torch.long, device=self.device)
         reps = math.ceil(total / n)
         perms = [torch.randperm(n, generator=self.gen, device=self.device) for _ in range(reps)]
         return torch.cat(perms)[:total]
@@ -172,7 +196,8 @@ class Supervised(LocalTrainer):
 class FixMatch(LocalTrainer):
     """FixMatch: hard pseudo-labels from weak views (debiased by APP-U when `dpl`), kept when
     max p >= tau, CE on strong views. Full-batch mode forms them once per round from the received
-    model (paper Algorithm 2); mini-batch mode forms them online from the current model."""
+    model (paper Algorithm 2) unless `method.pseudo_labels` is `online` (FedRGD); mini-batch mode
+    forms them online from the current model. Metrics describe the received model's labels."""
 
     uses_unlabeled = True
 
@@ -180,17 +205,13 @@ class FixMatch(LocalTrainer):
         eps = self.cfg["app_u"]["eps"]
         labels, mask = pseudo_label(probs_u, self.tr["tau"], prior if self.dpl else None, eps)
         self.pl_labels, self.pl_mask = labels, mask
-        correct = labels == data.y_u
-        n_conf = int(mask.sum())
         self.conf_idx = mask.nonzero(as_tuple=True)[0]
-        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf}
-        if bool((data.y_u >= 0).all()):        # hidden labels known (simulation, exported files)
-            out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
-            out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
-        return out
+        return self.label_stats(labels, mask, data)
 
     def unlabeled_batch(self, model, data, unl_idx, prior):
         norm_all = self.tr["unlabeled_loss_norm"] == "all"
+        if unl_idx is None and self.cfg["method"].get("pseudo_labels", "round") == "online":
+            unl_idx = torch.arange(len(data.y_u), device=self.device)
         if unl_idx is None:                              # full batch, offline pseudo-labels
             idx = self.conf_idx
             if len(idx) == 0:
@@ -213,17 +234,6 @@ class FixMatch(LocalTrainer):
             return masked_ce(ls[mask], labels[mask], denom)
 
         return torch.cat([x_w, x_s]), 2 * len(u), loss_fn
-
-
-TRAINERS = {"supervised": Supervised, "fixmatch": FixMatch}
-
-
-def make_trainer(cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple,
-                 device: torch.device) -> LocalTrainer:
-    name = cfg["method"]["trainer"]
-    if name not in TRAINERS:
-        raise ValueError(f"unknown trainer '{name}': choose {', '.join(TRAINERS)}")
-    return TRAINERS[name](cfg, ds_mean, ds_std, device)
 
 
 @torch.no_grad()

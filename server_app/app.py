@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fssl import checkpoint
 from fssl.config import resolve
-from fssl.models import build_model
+from fssl.methods import make_model
 from fssl.partition import save_partition
 from fssl.runtime import data_meta, dataset_for, partition_for
 from fssl.train import resolve_device
@@ -93,7 +93,7 @@ def main(grid: Grid, context: Context) -> None:
 
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
-    model = build_model(cfg["model"], ds.num_classes, ds.image_shape[0])
+    model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})

@@ -80,6 +80,9 @@ class RoundRecorder:
             "failures": info.get("failures", []),
             "clients": clients,
             "dma": info.get("dma"),
+            "gradient_diversity": info.get("gradient_diversity"),
+            "groups": info.get("groups"),          # FedRGD: partition ids per group
+            "helpers": info.get("helpers"),        # FedMatch: helper partition ids per client
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,

@@ -1,8 +1,12 @@
 """Weighted averaging with server momentum, reproducible sampling by partition id, and per-round
-client records. Subclasses choose the aggregation weights (FedDB: DMA).
+client records. The weights beta are uniform, sample-sized, or chosen by DMA (`dma.enabled`, FedDB);
+subclasses change how they are applied (FedRGD: groups) or what clients receive (FedMatch: helpers).
 
-Server update (SPEC section 2): buf <- mu * buf + (w - sum_m beta_m w_m); w <- w - s * buf.
+Server update (SPEC section 2): buf <- mu * buf + (w - sum_m beta_m w_m); w <- w - s * buf, where
+any weight the clients do not take (1 - sum beta) stays on the current global model w.
 BatchNorm running statistics (norm `bn`) are averaged with the same weights, without momentum.
+Every round also logs the gradient diversity sum_k |D_k|^2 / |sum_k D_k|^2 of the client updates
+D_k = w_k - w (FedRGD's Eq. 1).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from fssl.dma import dma_weights
 from fssl.train import cosine_lr
 
 STAT_SUFFIXES = ("running_mean", "running_var")
@@ -68,9 +73,15 @@ class WeightedAverage(FedAvg):
 
     def _messages(self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                   message_type: str) -> list[Message]:
-        record = RecordDict({"arrays": arrays, "config": config})
-        return [Message(content=record, dst_node_id=self.node_of[p], message_type=message_type)
+        server_round = int(config["server-round"])
+        return [Message(content=RecordDict({"arrays": arrays, "config": config,
+                                            **self.extra_records(p, server_round, message_type)}),
+                        dst_node_id=self.node_of[p], message_type=message_type)
                 for p in pids]
+
+    def extra_records(self, pid: int, server_round: int, message_type: str) -> dict[str, Any]:
+        """Records for one client besides the global arrays and the config (FedMatch: helpers)."""
+        return {}
 
     def lr_for(self, server_round: int) -> float:
         tr = self.cfg["train"]
@@ -162,7 +173,15 @@ class WeightedAverage(FedAvg):
         return {"arrays": arrays, "metrics": metrics, "app_u": app_u}
 
     def aggregation_weights(self, parsed: list[dict[str, Any]]) -> tuple[np.ndarray, dict]:
+        """beta on the simplex: DMA on the clients' APP-U, or uniform / sample-sized."""
         n = len(parsed)
+        d = self.cfg["dma"]
+        if d["enabled"]:
+            res = dma_weights(np.stack([p["app_u"] for p in parsed]), d["mode"], d["steps"],
+                              d["lr"], d["optimizer"])
+            return res.weights, {"mode": d["mode"], "loss_uniform": res.loss_uniform,
+                                 "loss_weights": res.loss, "weight_entropy": res.entropy,
+                                 "weights": res.weights.tolist()}
         if self.cfg["server"]["weighting"] == "samples":
             sizes = np.array([p["metrics"]["num_labeled"] + p["metrics"]["num_unlabeled"]
                               for p in parsed], dtype=np.float64)
@@ -194,25 +213,42 @@ class WeightedAverage(FedAvg):
         if len(parsed) < self.cfg["fl"]["min_train_clients"]:
             log(WARNING, "round %s: %s valid replies < fl.min_train_clients=%s; global model kept",
                 server_round, len(parsed), self.cfg["fl"]["min_train_clients"])
-            self.last_round.update({"skipped": True, "clients": [], "dma": None})
+            self.last_round.update({"skipped": True, "clients": [], "dma": None,
+                                    "gradient_diversity": None})
             return None, MetricRecord({"valid_replies": len(parsed)})
         weights, diagnostics = self.aggregation_weights(parsed)
-        new = self.server_update([p["arrays"] for p in parsed], weights)
+        client_arrays = [p["arrays"] for p in parsed]
+        self.last_round["gradient_diversity"] = gradient_diversity(self.global_arrays,
+                                                                   client_arrays)
+        coefficients = self.coefficients(server_round, parsed, weights)
+        new = self.server_update(client_arrays, coefficients)
         self.last_round["clients"] = [
-            client_record(p["metrics"], float(w)) for p, w in zip(parsed, weights)]
+            client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)]
         self.last_round["dma"] = diagnostics or None
+        self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
+
+    def coefficients(self, server_round: int, parsed: list[dict[str, Any]],
+                     weights: np.ndarray) -> np.ndarray:
+        """Each client's coefficient in the aggregate; what they leave stays on the global model."""
+        return weights
+
+    def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
+        """Hook for server-side caches built from this round's valid replies."""
 
     def server_update(self, client_arrays: list[dict[str, np.ndarray]],
                       weights: np.ndarray) -> dict[str, np.ndarray]:
         assert self.global_arrays is not None
         s, mu = self.cfg["server"]["lr"], self.cfg["server"]["momentum"]
+        rest = 1.0 - float(np.sum(weights))          # weight left on the global model (FedRGD)
         new: dict[str, np.ndarray] = {}
         for key, old in self.global_arrays.items():
             if not np.issubdtype(old.dtype, np.floating):      # e.g. num_batches_tracked
                 new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
                 continue
             avg = sum(w * a[key].astype(np.float64) for w, a in zip(weights, client_arrays))
+            if abs(rest) > 1e-12:
+                avg = avg + rest * old.astype(np.float64)
             if key.endswith(STAT_SUFFIXES):
                 new[key] = avg.astype(old.dtype)
                 continue
@@ -221,6 +257,22 @@ class WeightedAverage(FedAvg):
             self.momentum_buffer[key] = buf
             new[key] = (old.astype(np.float64) - s * buf).astype(old.dtype)
         return new
+
+
+def gradient_diversity(global_arrays: dict[str, np.ndarray],
+                       client_arrays: list[dict[str, np.ndarray]]) -> float | None:
+    """sum_k |D_k|^2 / |sum_k D_k|^2 over the trainable arrays (FedRGD's Eq. 1); None if all
+    updates cancel or nobody moved."""
+    keys = [k for k, v in global_arrays.items()
+            if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)]
+    sum_sq, total = 0.0, {k: 0.0 for k in keys}
+    for arrays in client_arrays:
+        for k in keys:
+            d = arrays[k].astype(np.float64) - global_arrays[k]
+            sum_sq += float(np.vdot(d, d))
+            total[k] = total[k] + d
+    denom = sum(float(np.vdot(t, t)) for t in total.values())
+    return sum_sq / denom if denom > 0 else None
 
 
 def _num(metrics: dict[str, Any], key: str) -> float | None:

@@ -38,7 +38,7 @@ def test_paper_presets(name):
 
 
 @pytest.mark.parametrize("rc,match", [
-    ({"method": "fedbogus"}, "unknown method 'fedbogus': choose one of fedavg, feddb, fixmatch"),
+    ({"method": "fedbogus"}, "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl"),
     ({"dataset": "imagenet"}, "unknown dataset 'imagenet': choose one of cifar10, cifar100, "
                               "mnist10k, npz, svhn"),
     ({"partition": "dir0.5"}, "unknown partition 'dir0.5'"),

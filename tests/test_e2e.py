@@ -68,7 +68,7 @@ def test_failed_run_exits_nonzero_with_the_reason(tmp_path):
 
 
 @pytest.mark.parametrize("run_config,message", [
-    ("method='fedbogus'", "unknown method 'fedbogus': choose one of fedavg, feddb, fixmatch"),
+    ("method='fedbogus'", "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl"),
     ("dataset='imagenet'", "unknown dataset 'imagenet'"),
     ("dataset='cifar10' data-path='/nonexistent/cifar'", "cifar10 not found in /nonexistent/cifar"),
     ("overrides='train.tau=1.5'", "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),

@@ -7,7 +7,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from conftest import make_metadata, make_reply
 from fssl.config import compose
 from fssl.dma import dma_weights
-from strategy import FedDB, WeightedAverage, make_strategy
+from strategy import WeightedAverage, make_strategy
 
 K = 3
 
@@ -74,7 +74,7 @@ def test_sample_weighting():
 
 def test_dma_weights_are_applied_and_logged():
     s = make_strategy(_cfg("server.momentum=0"), K)
-    assert type(s) is FedDB
+    assert type(s) is WeightedAverage and s.cfg["dma"]["enabled"]
     _start(s, _global())
     apps = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.1, 0.8]]
     replies = [make_reply(_client([float(i), 0.0]), _metrics(i, a), node=20 + i)

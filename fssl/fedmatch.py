@@ -1,0 +1,264 @@
+"""FedMatch (Jeong et al., ICLR 2021), labels-at-client, after the official TF2 code (wyjeong/FedMatch).
+
+Pieces:
+- Parameter decomposition: every Conv2d/Linear weight is theta = sigma + psi (a torch parametrization,
+  so the model keeps its forward). Evaluation uses sigma + psi * 1[|psi| > l1_thres].
+- Disjoint learning, per local step: a supervised step (lambda_s * CE on labeled data) updates sigma
+  only; an unsupervised step updates psi only, with
+  lambda_a * CE(agreement label, f(A(u_c))) + lambda_i * mean_h KL(p_h(u_c) || p_l(u_c))
+  + lambda_l1 * sum|psi| + lambda_l2 * sum (sigma - psi)^2, where u_c are the samples on which the
+  local model is confident. The L1/L2 terms apply even when no sample is confident (as the official code).
+- Agreement pseudo-labels: one-hot votes of the local model and of each helper; ties go to the lowest
+  class. Only the local model gates (max p_l >= tau).
+- Helpers (server, `strategy.fedmatch`): each client's embedding is its model's softmax outputs on a
+  fixed probe; every `helper_interval` rounds a returning client gets the psi of its H nearest
+  neighbours (KD-tree over the latest embedding of every client seen) and rebuilds each helper as the
+  received global model with that psi.
+
+Adaptations to this project's models and scaffold (the official ResNet-9 has no normalisation or biases):
+- Normalisation parameters (BN/GN affine), biases and BN running statistics are sigma-side: they are
+  trained in the supervised step and averaged like every other array.
+- Initialisation: sigma = w / (1 + psi_factor), psi = psi_factor * sigma, so theta equals the
+  project's initial weights w (the official code draws sigma and sets psi = 0.2 sigma).
+- The probe is `probe_size` noise images (truncated normal, mean 125, sd 125, clipped to [0, 255],
+  normalised like the data) instead of one image: with batch-statistic BatchNorm a single image gives
+  degenerate statistics. The embedding concatenates the per-image softmax outputs.
+- Optimiser: the project's SGD (momentum, cosine lr, grad-norm clip per step) instead of plain SGD at
+  1e-3 with per-client validation-based lr decay (which needs a validation set at every client).
+  The sigma side keeps the project's weight decay; psi has none (the L1/L2 terms regularise it). The
+  official Keras weight decay on the decomposed layers never reached the loss.
+- Full-batch mode makes one supervised and one unsupervised step per local epoch; mini-batch mode uses
+  the project's batch sizes. Pseudo-labels are always online (the current local model), as the original.
+- Sparse transport (delta/L1 thresholds on uploads) is not simulated: full arrays travel both ways.
+- DPL (SPEC section 2): the local model's and the helpers' probabilities are both debiased with the
+  client's APP-U before gating and voting (the bias removed is the local label prior); the KL targets
+  stay un-debiased (DPL changes labels only).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.spatial import cKDTree
+from torch import nn
+from torch.nn.utils import parametrize
+
+from . import augment
+from .losses import debias
+from .train import LocalTrainer
+
+SIGMA_SUFFIX = ".parametrizations.weight.original"
+PSI_SUFFIX = ".parametrizations.weight.0.psi"
+
+
+class SigmaPlusPsi(nn.Module):
+    """Parametrization weight = sigma + psi (psi hard-thresholded in eval mode)."""
+
+    def __init__(self, psi: torch.Tensor, l1_thres: float) -> None:
+        super().__init__()
+        self.psi = nn.Parameter(psi)
+        self.l1_thres = l1_thres
+
+    def forward(self, sigma: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return sigma + self.psi
+        return sigma + self.psi * (self.psi.abs() > self.l1_thres)
+
+
+def decompose(model: nn.Module, psi_factor: float, l1_thres: float) -> nn.Module:
+    """Decompose every Conv2d/Linear weight in place; the effective weights are unchanged."""
+    for module in list(model.modules()):
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            with torch.no_grad():
+                sigma = module.weight / (1.0 + psi_factor)
+                module.weight.copy_(sigma)
+            parametrize.register_parametrization(
+                module, "weight", SigmaPlusPsi(psi_factor * sigma.clone(), l1_thres))
+    return model
+
+
+def is_sigma(name: str) -> bool:
+    return name.endswith(SIGMA_SUFFIX)
+
+
+def is_psi(name: str) -> bool:
+    return name.endswith(PSI_SUFFIX)
+
+
+def decomposed_pairs(model: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """(sigma, psi) of every decomposed layer."""
+    params = dict(model.named_parameters())
+    return [(params[n], params[n[:-len(SIGMA_SUFFIX)] + PSI_SUFFIX])
+            for n in params if is_sigma(n)]
+
+
+def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(sigma side: sigma, norm affine, biases; psi side: psi)."""
+    sigma_side, psi_side = [], []
+    for name, p in model.named_parameters():
+        (psi_side if is_psi(name) else sigma_side).append(p)
+    if not psi_side:
+        raise ValueError("the model is not decomposed: build it with fssl.methods.make_model")
+    return sigma_side, psi_side
+
+
+def regularisers(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum |psi| and sum (sigma - psi)^2 over all decomposed layers (sums, not means)."""
+    pairs = decomposed_pairs(model)
+    l1 = sum(psi.abs().sum() for _, psi in pairs)
+    l2 = sum((sigma - psi).pow(2).sum() for sigma, psi in pairs)
+    return l1, l2
+
+
+def helper_models(model: nn.Module, helper_psi: list[dict[str, torch.Tensor]]) -> list[nn.Module]:
+    """Each helper = the received model with its psi replaced by the helper's psi (eval mode)."""
+    out = []
+    for psi in helper_psi:
+        h = copy.deepcopy(model)
+        state = h.state_dict()
+        unknown = sorted(set(psi) - {k for k in state if is_psi(k)})
+        if unknown:
+            raise ValueError(f"helper arrays {unknown[:3]} are not psi arrays of this model")
+        state.update({k: v.to(state[k].device, state[k].dtype) for k, v in psi.items()})
+        h.load_state_dict(state)
+        h.eval().requires_grad_(False)
+        out.append(h)
+    return out
+
+
+def agreement_labels(local_probs: torch.Tensor, helper_probs: list[torch.Tensor], tau: float,
+                     prior: torch.Tensor | None = None,
+                     eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pseudo-labels by majority vote of the local model and the helpers (ties: lowest class) and
+    the confidence mask of the local model; all probabilities debiased first when a prior is given."""
+    if prior is not None:
+        local_probs = debias(local_probs, prior, eps)
+        helper_probs = [debias(p, prior, eps) for p in helper_probs]
+    conf, local_labels = local_probs.max(dim=1)
+    k = local_probs.shape[1]
+    votes = F.one_hot(local_labels, k)
+    for p in helper_probs:
+        votes = votes + F.one_hot(p.argmax(dim=1), k)
+    return votes.argmax(dim=1), conf >= tau
+
+
+def probe_images(seed: int, n: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Fixed noise probe: truncated normal (mean 125, sd 125, |z| <= 2), clipped to [0, 255], uint8."""
+    rng = np.random.default_rng([seed, 2021])
+    z = rng.standard_normal((n, *shape))
+    while (bad := np.abs(z) > 2).any():
+        z[bad] = rng.standard_normal(int(bad.sum()))
+    return torch.from_numpy(np.clip(125 + 125 * z, 0, 255).round().astype(np.uint8))
+
+
+@torch.no_grad()
+def embedding(model: nn.Module, probe: torch.Tensor, mean: tuple, std: tuple) -> np.ndarray:
+    """The model's softmax outputs on the probe (eval mode), concatenated into one vector."""
+    model.eval()
+    return F.softmax(model(augment.normalize(probe, mean, std)).float(), 1).reshape(-1).numpy()
+
+
+def nearest_helpers(embeddings: dict[int, np.ndarray], pid: int, h: int) -> list[int]:
+    """The h clients whose embeddings are nearest to `pid`'s (Euclidean, KD-tree), nearest first;
+    [] when `pid` has no embedding yet."""
+    if pid not in embeddings or h <= 0 or len(embeddings) < 2:
+        return []
+    pids = sorted(embeddings)
+    tree = cKDTree(np.stack([embeddings[p] for p in pids]))
+    k = min(h + 1, len(pids))
+    _, idx = tree.query(embeddings[pid], k=k)
+    found = [pids[i] for i in np.atleast_1d(idx) if pids[i] != pid]
+    return found[:h]
+
+
+def psi_state(arrays: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in arrays.items() if is_psi(k)}
+
+
+class FedMatchTrainer(LocalTrainer):
+    """Disjoint learning: a sigma step on labeled data, then a psi step on unlabeled data."""
+
+    uses_unlabeled = True
+
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        self.sigma_side, self.psi_side = split_parameters(model)
+        momentum = self.tr["momentum"]
+        return torch.optim.SGD(
+            [{"params": self.sigma_side, "weight_decay": self.tr["weight_decay"]},
+             {"params": self.psi_side, "weight_decay": 0.0}],
+            lr=lr, momentum=momentum, nesterov=self.tr["nesterov"] and momentum > 0)
+
+    def view(self, x: torch.Tensor) -> torch.Tensor:
+        """The view labels, pseudo-labels and KL use: raw images (official) or weak views."""
+        return x if self.cfg["method"]["view"] == "raw" else augment.weak(x, self.flip, self.gen)
+
+    def begin_round(self, model, data, probs_u, prior):
+        self.helpers = helper_models(model, self.helper_psi)
+        x = self.view(data.x_u)
+        labels, mask = agreement_labels(self.predict(model, x),
+                                        [self.predict(h, x) for h in self.helpers],
+                                        self.tr["tau"], prior if self.dpl else None,
+                                        self.cfg["app_u"]["eps"])
+        return {**self.label_stats(labels, mask, data), "num_helpers": len(self.helpers)}
+
+    def _update(self, opt: torch.optim.Optimizer, loss: torch.Tensor,
+                params: list[nn.Parameter]) -> None:
+        """One optimiser step on `params` only (the others are frozen, so SGD skips them)."""
+        trainable = {id(p) for p in params}
+        for p in self.sigma_side + self.psi_side:
+            p.requires_grad_(id(p) in trainable)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.tr["grad_clip"] > 0:
+            nn.utils.clip_grad_norm_(params, self.tr["grad_clip"])
+        opt.step()
+        for p in self.sigma_side + self.psi_side:
+            p.requires_grad_(True)
+
+    def _freeze(self, params: list[nn.Parameter]) -> None:
+        for p in params:
+            p.requires_grad_(False)
+
+    def step(self, model, opt, data, lab_idx, unl_idx, prior):
+        ce = self.supervised_step(model, opt, data, lab_idx)
+        return ce, self.unsupervised_step(model, opt, data, unl_idx, prior)
+
+    def supervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
+                        lab_idx: torch.Tensor) -> float:
+        """lambda_s * CE on labeled data; updates the sigma side only (psi frozen)."""
+        self._freeze(self.psi_side)
+        ce = F.cross_entropy(model(self.norm(self.view(data.x_l[lab_idx]))).float(),
+                             data.y_l[lab_idx])
+        self._update(opt, self.cfg["method"]["lambda_s"] * ce, self.sigma_side)
+        return float(ce.detach())
+
+    def unsupervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
+                          unl_idx: torch.Tensor | None, prior: torch.Tensor) -> float:
+        """Agreement-label CE, inter-client KL and the L1/L2 terms; updates psi only."""
+        m = self.cfg["method"]
+        self._freeze(self.sigma_side)
+        idx = torch.arange(len(data.y_u), device=self.device) if unl_idx is None else unl_idx
+        u = data.x_u[idx]
+        x = self.norm(self.view(u))
+        with torch.set_grad_enabled(bool(self.helpers)):     # p_l needs a graph only for the KL
+            logits_l = model(x).float()
+        with torch.no_grad():
+            p_h = [F.softmax(h(x).float(), 1) for h in self.helpers]
+        labels, mask = agreement_labels(F.softmax(logits_l.detach(), 1), p_h, self.tr["tau"],
+                                        prior if self.dpl else None, self.cfg["app_u"]["eps"])
+        l1, l2 = regularisers(model)
+        loss = m["lambda_l1"] * l1 + m["lambda_l2"] * l2
+        conf = mask.nonzero(as_tuple=True)[0]
+        if len(conf):
+            x_s = self.norm(augment.strong(u[conf], self.flip, self.gen))
+            loss = loss + m["lambda_a"] * F.cross_entropy(model(x_s).float(), labels[conf])
+            if p_h:
+                log_p = F.log_softmax(logits_l[conf], 1)
+                kl = sum(F.kl_div(log_p, p[conf], reduction="batchmean") for p in p_h) / len(p_h)
+                loss = loss + m["lambda_i"] * kl
+        self._update(opt, loss, self.psi_side)
+        return float(loss.detach())
