@@ -25,6 +25,31 @@ def tiny_cfg() -> dict:
     return compose(TINY)
 
 
+def patch_task_identity(mp: pytest.MonkeyPatch) -> None:
+    """Flower's Message() needs a task identity, which only its runtime sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", "t")):
+        mp.setattr(TaskIdentity, key, value, raising=False)
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    patch_task_identity(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def small_npz(tmp_path_factory):
+    """1,200 MNIST digits as a `.npz`, so that each simulated round takes a fraction of a second."""
+    from fssl.data import embedded_candidates
+
+    src = np.load(next(p for p in embedded_candidates() if p.is_file()))
+    path = tmp_path_factory.mktemp("data") / "small.npz"
+    np.savez(path, x_train=src["x_train"][:1000], y_train=src["y_train"][:1000],
+             x_test=src["x_test"][:200], y_test=src["y_test"][:200])
+    return path
+
+
 def flower_pids(marker: Path) -> list[int]:
     """Running flower-superlink/-supernode/-superexec processes whose command line names `marker`
     (a test's FLWR_HOME or deployment directory): what a test must have stopped."""

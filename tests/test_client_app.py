@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from client_app.app import app as client_app
 from conftest import TINY, make_context, make_instruction
 from fssl.config import compose
+from fssl.methods import make_model
 from fssl.models import build_model
 
 
@@ -18,19 +19,22 @@ def with_meta(cfg):
     return {**cfg, "data_meta": data_meta(dataset_for(cfg))}
 
 
-def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN, node_config=None):
+def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN, node_config=None, extra=None):
     cfg = with_meta(cfg)
     torch.manual_seed(0)
-    model = build_model(cfg["model"], 10, 1)
+    model = make_model(cfg, 10, 1)
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
     config = ConfigRecord({"server-round": server_round, "lr": 0.1,
                            "run-config": json.dumps(cfg)})
     ctx = make_context(pid)
     ctx.node_config.update(node_config or {})
-    return model, client_app(make_instruction(arrays, config, mtype), ctx)
+    ins = make_instruction(arrays, config, mtype)
+    for name, record in (extra or {}).items():
+        ins.content[name] = record
+    return model, client_app(ins, ctx)
 
 
-@pytest.mark.parametrize("method", ["feddb", "fixmatch", "fedavg"])
+@pytest.mark.parametrize("method", ["feddb", "fixmatch", "fedavg", "fedrgd", "semifl", "fedmatch"])
 def test_train_reply_carries_model_app_u_and_metrics(method):
     cfg = compose(TINY + [f"method={method}"])
     model, reply = _run(cfg)
@@ -50,6 +54,21 @@ def test_train_reply_carries_model_app_u_and_metrics(method):
         assert 0 <= m["pseudo_label_ratio"] <= 1 and 0 <= m["pseudo_label_accuracy"] <= 1
     else:
         assert "pseudo_label_ratio" not in m and m["loss_unsup"] == 0.0
+
+
+def test_fedmatch_client_uses_the_helpers_it_receives():
+    from fssl.fedmatch import psi_state
+
+    cfg = compose(TINY + ["method=fedmatch", "train.tau=0.05"])    # every sample confident
+    torch.manual_seed(5)
+    helper = make_model(with_meta(cfg), 10, 1)
+    psi = ArrayRecord(psi_state(helper.state_dict()))
+    _, alone = _run(cfg)
+    _, helped = _run(cfg, extra={"helper_0": psi, "helper_1": psi})
+    assert alone.content["metrics"]["num_helpers"] == 0
+    assert helped.content["metrics"]["num_helpers"] == 2
+    a, b = (r.content["arrays"].to_torch_state_dict() for r in (alone, helped))
+    assert any(not torch.equal(a[k], b[k]) for k in a)            # the helpers changed training
 
 
 def test_train_is_deterministic_per_seed_round_and_partition():

@@ -26,14 +26,6 @@ def deploy(tmp_path, run_config, *extra, timeout=420):
                           env=dict(os.environ))
 
 
-@pytest.fixture
-def task_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for key, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", "t")):
-        monkeypatch.setattr(TaskIdentity, key, value, raising=False)
-
-
 @pytest.mark.slow
 def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_identity):
     out = tmp_path / "run"

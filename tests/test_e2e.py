@@ -79,3 +79,17 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
     res = launch(tmp_path, run_config, timeout=60)
     assert res.returncode == 2 and message in res.stderr, res.stderr
     assert not (tmp_path / "flwr-home").exists()                 # no SuperLink, no run
+
+
+@pytest.mark.slow
+def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
+    """Per-client messages with helper ArrayRecords, through Flower's serialisation and Ray."""
+    out = tmp_path / "run"
+    res = launch(tmp_path, f"method='fedmatch' num-server-rounds=2 seed=3 output-dir='{out}' "
+                           f"overrides='{TINY} fl.fraction_train=1.0 method.helper_interval=2'")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds[0]["helpers"] is None
+    assert sorted(rounds[1]["helpers"]) == ["0", "1", "2", "3"]
+    assert all(len(h) == 2 for h in rounds[1]["helpers"].values())
+    assert not flower_pids(tmp_path / "flwr-home")

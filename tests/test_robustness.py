@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from client_app.app import app as client_app
 from fssl import checkpoint
 from fssl.config import ConfigError, resolve
+from conftest import patch_task_identity
 from localgrid import metrics_without_timing, run_in_process
 
 ROUNDS = 4
@@ -19,25 +20,7 @@ OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 tra
              "train.tau=0.6 fl.node_wait=0 checkpoint.every=2")
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
-
-
-@pytest.fixture(scope="module")
-def small_npz(tmp_path_factory):
-    """1,200 MNIST digits as a `.npz`, so that each simulated round takes a fraction of a second."""
-    from fssl.data import embedded_candidates
-
-    src = np.load(next(p for p in embedded_candidates() if p.is_file()))
-    path = tmp_path_factory.mktemp("data") / "small.npz"
-    np.savez(path, x_train=src["x_train"][:1000], y_train=src["y_train"][:1000],
-             x_test=src["x_test"][:200], y_test=src["y_test"][:200])
-    return path
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def run_server(run_dir, data, hook=None, resume=False, overrides=OVERRIDES, fraction=None,
@@ -62,10 +45,7 @@ def round_of(ins):
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory, small_npz):
     mp = pytest.MonkeyPatch()
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for k, v in (("_run_id", 1), ("_node_id", 0), ("_task_id", "t")):
-        mp.setattr(TaskIdentity, k, v, raising=False)
+    patch_task_identity(mp)
     run_dir = run_server(tmp_path_factory.mktemp("base") / "run", small_npz)
     mp.undo()
     return run_dir
@@ -77,7 +57,7 @@ def test_same_seed_gives_identical_metrics(baseline, small_npz, tmp_path):
     assert len(records(baseline)) == ROUNDS
 
 
-def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_path):
+def crash_in_round_4_then_resume(run_dir, data, overrides=OVERRIDES):
     class Crash(BaseException):
         pass
 
@@ -86,19 +66,33 @@ def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_pa
             raise Crash()
         return reply
 
-    run_dir = tmp_path / "crashed"
     with pytest.raises(Crash):
-        run_server(run_dir, small_npz, hook=crash_in_round_4)
+        run_server(run_dir, data, hook=crash_in_round_4, overrides=overrides)
     assert len(records(run_dir)) == 3                       # round 3 written, checkpoint at 2
     _, state = checkpoint.load(run_dir)
     assert state["round"] == 2
-    run_server(run_dir, small_npz, resume=True)
+    run_server(run_dir, data, resume=True)
+    return run_dir
+
+
+def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_path):
+    run_dir = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz)
     assert records(run_dir) == records(baseline)
     a = torch.load(run_dir / "final_model.pt", weights_only=True)
     b = torch.load(baseline / "final_model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from_round"] == 2 and summary["rounds"] == ROUNDS
+
+
+def test_fedmatch_server_caches_survive_a_crash_and_resume(small_npz, tmp_path):
+    """Helpers in round 4 come from embeddings and psi cached in rounds 1-3; the checkpoint of
+    round 2 must carry them for the resumed run to pick the same helpers."""
+    overrides = OVERRIDES + " method=fedmatch method.helper_interval=2"
+    base = run_server(tmp_path / "base", small_npz, overrides=overrides)
+    assert records(base)[3]["helpers"]
+    resumed = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz, overrides)
+    assert records(resumed) == records(base)
 
 
 def _corrupt(ins, reply, kind):
@@ -192,3 +186,18 @@ def test_resume_input_errors(tmp_path):
         resolve({"resume": str(tmp_path / "nothing")})
     with pytest.raises(ConfigError, match="remove \\['seed'\\]"):
         resolve({"resume": str(tmp_path), "seed": 3})
+
+
+@pytest.mark.parametrize("variant", ["method=fedrgd dpl=true", "method=semifl dpl=true dma.enabled=true",
+                                     "method=fedmatch dpl=true method.helper_interval=2"])
+def test_every_baseline_runs_through_the_server_app(variant, small_npz, tmp_path):
+    run_dir = run_server(tmp_path / "run", small_npz, overrides=f"{OVERRIDES} {variant}")
+    recs = records(run_dir)
+    assert [r["round"] for r in recs] == [1, 2, 3, 4] and not any(r["skipped"] for r in recs)
+    assert all(r["gradient_diversity"] is not None and len(r["clients"]) == 3 for r in recs)
+    if "fedrgd" in variant:
+        assert all(sorted(len(g) for g in r["groups"]) == [1, 2] for r in recs)
+    if "dma.enabled" in variant:
+        assert all(r["dma"] is not None for r in recs)
+    if "fedmatch" in variant:
+        assert recs[1]["helpers"] and recs[3]["helpers"] and not recs[2]["helpers"]

@@ -115,12 +115,7 @@ def test_sampling_is_seeded_by_partition_not_node_ids():
     assert [c.sample(r, 0.5) for r in range(1, 20)] != rounds_a
 
 
-def test_configure_train_sends_config_and_lr(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
+def test_configure_train_sends_config_and_lr(task_identity):
     cfg = _cfg("train.lr=0.2", "num_rounds=10")
     s = make_strategy(cfg, K)
     s.bind_nodes({p: 100 + p for p in range(4)})
@@ -133,14 +128,9 @@ def test_configure_train_sends_config_and_lr(monkeypatch):
     assert json.loads(conf["run-config"])["train"]["lr"] == 0.2
 
 
-def test_federated_evaluation_is_optional_and_aggregated(monkeypatch):
+def test_federated_evaluation_is_optional_and_aggregated(task_identity):
     from flwr.app import MetricRecord
-    from flwr.supercore.task_identity import TaskIdentity
 
-
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", "t", raising=False)
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     off = make_strategy(_cfg(), K)
     off.bind_nodes({p: 100 + p for p in range(4)})
