@@ -42,8 +42,13 @@ def train(msg: Message, context: Context) -> Message:
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
     helpers = [msg.content.array_records[k].to_torch_state_dict()    # FedMatch: helpers' psi
                for k in sorted(msg.content.array_records) if k.startswith("helper_")]
+    keep = cfg["train"]["optimizer_state"] == "client"     # momentum kept per client, as the
+    momentum = (context.state["optimizer"].to_torch_state_dict()     # authors' code does
+                if keep and "optimizer" in context.state.array_records else None)
     metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
-                          helpers)
+                          helpers, momentum)
+    if keep:
+        context.state["optimizer"] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -159,6 +159,8 @@ def validate(cfg: dict[str, Any]) -> None:
              "fullbatch, minibatch")
     _require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
              tr["lr_schedule"], "cosine, constant")
+    _require(tr["optimizer_state"] in ("fresh", "client"), "train.optimizer_state",
+             tr["optimizer_state"], "fresh, client")
     _require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",
              tr["unlabeled_loss_norm"], "all, confident")
     for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):

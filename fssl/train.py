@@ -110,8 +110,11 @@ class LocalTrainer:
 
     # -- the round -------------------------------------------------------------------------
     def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
-            helpers: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
-        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none)."""
+            helpers: list[dict[str, torch.Tensor]] | None = None,
+            momentum: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
+        `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
+        `client`); the round's final buffers are left in `self.momentum_out`."""
         t0 = time.perf_counter()
         torch.manual_seed(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -119,6 +122,10 @@ class LocalTrainer:
         self.helper_psi = helpers or []
         model.to(self.device).train()
         opt = self.make_optimizer(model, lr)
+        params = dict(model.named_parameters())
+        for name, buf in (momentum or {}).items():
+            if name in params and buf.shape == params[name].shape:
+                opt.state[params[name]]["momentum_buffer"] = buf.to(self.device, torch.float32)
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
         prior0 = app_u(probs0)
@@ -131,6 +138,9 @@ class LocalTrainer:
                 sup_losses.append(ls)
                 unsup_losses.append(lu)
             prior = momentum_update(prior, app_u(epoch_probs), gamma)
+        self.momentum_out = {n: opt.state[p]["momentum_buffer"].detach().cpu()
+                             for n, p in params.items()
+                             if opt.state.get(p, {}).get("momentum_buffer") is not None}
         metrics.update({
             "num_labeled": int(len(data.y_l)), "num_unlabeled": int(len(data.y_u)),
             "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),

@@ -143,3 +143,32 @@ def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path
     assert "pseudo_label_accuracy" not in nolab.content["metrics"]
     with pytest.raises(DataError, match="client data file not found"):
         _run(cfg, pid=0, node_config={"data-path": str(tmp_path / "missing.npz")})
+
+
+def test_optimizer_state_client_keeps_momentum_in_context_state():
+    """train.optimizer_state=client: the SGD momentum of a client's last round (stored in Flower's
+    context.state) seeds its next round; `fresh` stores nothing and restarts it."""
+    def two_rounds(mode):
+        cfg = with_meta(compose(TINY + [f"train.optimizer_state={mode}"]))
+        torch.manual_seed(0)
+        model = make_model(cfg, 10, 1)
+        ctx = make_context(1)
+        replies = []
+        for r in (1, 2):
+            config = ConfigRecord({"server-round": 5, "lr": 0.1, "run-config": json.dumps(cfg)})
+            arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
+            replies.append(client_app(make_instruction(arrays, config), ctx))
+            if r == 1:
+                stored = ({k: v.clone() for k, v in ctx.state["optimizer"].to_torch_state_dict().items()}
+                          if "optimizer" in ctx.state.array_records else None)
+        return replies, stored, ctx
+
+    (f1, f2), fresh_stored, fresh_ctx = two_rounds("fresh")
+    (c1, c2), kept, ctx = two_rounds("client")
+    assert fresh_stored is None and "optimizer" not in fresh_ctx.state.array_records
+    params = dict(make_model(with_meta(compose(TINY)), 10, 1).named_parameters())
+    assert set(kept) == set(params) and all(kept[k].abs().sum() > 0 for k in kept)
+    state = lambda r: r.content["arrays"].to_torch_state_dict()  # noqa: E731
+    same = lambda a, b: all(torch.equal(state(a)[k], state(b)[k]) for k in state(a))  # noqa: E731
+    assert same(f1, f2) and same(f1, c1)        # identical inputs, no carried state
+    assert not same(c1, c2)                     # the carried momentum changed round 2
