@@ -114,3 +114,23 @@ def test_cutout_is_a_gray_square():
             inside = ys.min() > 0 and xs.min() > 0 and ys.max() < 15 and xs.max() < 15
             assert abs(h - w) <= 1 or not inside                  # square unless clipped
     assert (out == 127).any(dim=(1, 2, 3)).sum() > 20
+
+
+def test_batched_ops_equal_each_op_applied_alone():
+    """The fused, sync-free RandAugment step gives every sample exactly its own op and magnitude."""
+    n = 4 * len(augment.OPS)
+    x = imgs(n, 3, 16, 16).float()
+    op = torch.arange(n) % len(augment.OPS)
+    m = torch.from_numpy(RNG.random(n)).float()
+    out = augment.apply_ops(x, op, m)
+    for i in range(n):
+        name = augment.OPS[int(op[i])]
+        ref = x[i:i + 1] if name == "identity" else augment.apply_op(name, x[i:i + 1], m[i:i + 1])
+        assert torch.allclose(out[i:i + 1], ref, atol=1e-3), name
+
+
+def test_fused_and_subset_rand_augment_give_identical_images():
+    x = imgs(256, 3, 16, 16)
+    a = augment.rand_augment(x, gen(), fused=True)
+    b = augment.rand_augment(x, gen(), fused=False)
+    assert torch.equal(a, b)
