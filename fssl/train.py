@@ -240,8 +240,9 @@ class FixMatch(LocalTrainer):
             lw, ls = logits[:len(u)], logits[len(u):]
             labels, mask = pseudo_label(F.softmax(lw.detach(), 1), self.tr["tau"],
                                         prior if self.dpl else None, eps)
-            denom = len(u) if norm_all else int(mask.sum())
-            return masked_ce(ls[mask], labels[mask], denom)
+            mask = mask.float()                   # weights, not indexing: no host sync
+            denom = len(u) if norm_all else mask.sum().clamp_min(1.0)
+            return (F.cross_entropy(ls, labels, reduction="none") * mask).sum() / denom
 
         return torch.cat([x_w, x_s]), 2 * len(u), loss_fn
 
