@@ -14,8 +14,8 @@ import json
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fssl.methods import make_model, make_trainer
-from fssl.runtime import client_data_for
+from fssl.methods import make_trainer
+from fssl.runtime import client_data_for, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
 
@@ -26,7 +26,7 @@ def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"]["run-config"])
     meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
-    model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
+    model = model_for(cfg, device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     pid = int(context.node_config["partition-id"])
     own_file = context.node_config.get("data-path")    # deployment: this client's data only
@@ -51,7 +51,7 @@ def train(msg: Message, context: Context) -> Message:
         context.state["optimizer"] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 

@@ -159,6 +159,11 @@ def validate(cfg: dict[str, Any]) -> None:
              "fullbatch, minibatch")
     _require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
              tr["lr_schedule"], "cosine, constant")
+    _require(tr["precision"] in ("auto", "fp32", "bf16"), "train.precision", tr["precision"],
+             "auto, fp32, bf16")
+    _require(tr["channels_last"] in ("auto", True, False), "train.channels_last",
+             tr["channels_last"], "auto, true, false")
+    _require(isinstance(tr["compile"], bool), "train.compile", tr["compile"], "true or false")
     _require(tr["optimizer_state"] in ("fresh", "client"), "train.optimizer_state",
              tr["optimizer_state"], "fresh, client")
     _require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",

@@ -228,16 +228,16 @@ class FedMatchTrainer(LocalTrainer):
         return ce, self.unsupervised_step(model, opt, data, unl_idx, prior)
 
     def supervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
-                        lab_idx: torch.Tensor) -> float:
+                        lab_idx: torch.Tensor) -> torch.Tensor:
         """lambda_s * CE on labeled data; updates the sigma side only (psi frozen)."""
         self._freeze(self.psi_side)
-        ce = F.cross_entropy(model(self.norm(self.view(data.x_l[lab_idx]))).float(),
+        ce = F.cross_entropy(self.forward(model, self.norm(self.view(data.x_l[lab_idx]))),
                              data.y_l[lab_idx])
         self._update(opt, self.cfg["method"]["lambda_s"] * ce, self.sigma_side)
-        return float(ce.detach())
+        return ce.detach()
 
     def unsupervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
-                          unl_idx: torch.Tensor | None, prior: torch.Tensor) -> float:
+                          unl_idx: torch.Tensor | None, prior: torch.Tensor) -> torch.Tensor:
         """Agreement-label CE, inter-client KL and the L1/L2 terms; updates psi only."""
         m = self.cfg["method"]
         self._freeze(self.sigma_side)
@@ -245,20 +245,20 @@ class FedMatchTrainer(LocalTrainer):
         u = data.x_u[idx]
         x = self.norm(self.view(u))
         with torch.set_grad_enabled(bool(self.helpers)):     # p_l needs a graph only for the KL
-            logits_l = model(x).float()
+            logits_l = self.forward(model, x)
         with torch.no_grad():
-            p_h = [F.softmax(h(x).float(), 1) for h in self.helpers]
+            p_h = [F.softmax(self.forward(h, x), 1) for h in self.helpers]
         labels, mask = agreement_labels(F.softmax(logits_l.detach(), 1), p_h, self.tr["tau"],
                                         prior if self.dpl else None, self.cfg["app_u"]["eps"])
         l1, l2 = regularisers(model)
         loss = m["lambda_l1"] * l1 + m["lambda_l2"] * l2
         conf = mask.nonzero(as_tuple=True)[0]
-        if len(conf):
+        if len(conf):                  # host sync: the strong pass runs on confident samples only
             x_s = self.norm(augment.strong(u[conf], self.flip, self.gen))
-            loss = loss + m["lambda_a"] * F.cross_entropy(model(x_s).float(), labels[conf])
+            loss = loss + m["lambda_a"] * F.cross_entropy(self.forward(model, x_s), labels[conf])
             if p_h:
                 log_p = F.log_softmax(logits_l[conf], 1)
                 kl = sum(F.kl_div(log_p, p[conf], reduction="batchmean") for p in p_h) / len(p_h)
                 loss = loss + m["lambda_i"] * kl
         self._update(opt, loss, self.psi_side)
-        return float(loss.detach())
+        return loss.detach()

@@ -7,7 +7,10 @@ from functools import lru_cache
 
 import torch
 
+from torch import nn
+
 from .data import Dataset, load_dataset, read_client_file
+from .methods import make_model
 from .partition import Partition, partition_from_cfg
 from .train import ClientData, client_data, to_nchw
 
@@ -66,3 +69,17 @@ def client_data_for(cfg: dict, pid: int, device: torch.device,
             raise ValueError(f"partition-id {pid} is outside 0..{part.num_clients - 1}")
         _CLIENTS[key] = client_data(dataset_for(cfg), part, pid, device)
     return _CLIENTS[key]
+
+
+_MODELS: dict[tuple, nn.Module] = {}
+
+
+def model_for(cfg: dict, device: torch.device) -> nn.Module:
+    """One model object per architecture and process, on `device`: each round loads the received
+    state into it, so a worker builds (and, with train.compile, compiles) it once."""
+    meta = cfg["data_meta"]
+    key = (json.dumps([cfg["model"], cfg["method"]], sort_keys=True), meta["num_classes"],
+           meta["channels"], str(device))
+    if key not in _MODELS:
+        _MODELS[key] = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
+    return _MODELS[key]

@@ -63,10 +63,24 @@ class LocalTrainer:
         self.mean, self.std, self.device = ds_mean, ds_std, device
         self.flip = bool(cfg["dataset"]["flip"])
         self.dpl = bool(cfg["dpl"])
+        accel = device.type != "cpu"
+        self.bf16 = self.tr["precision"] == "bf16" or (self.tr["precision"] == "auto" and accel)
+        cl = self.tr["channels_last"]
+        self.channels_last = cl is True or (cl == "auto" and accel)
+        self.compiled: nn.Module | None = None
 
     # -- helpers ---------------------------------------------------------------------------
     def norm(self, x: torch.Tensor) -> torch.Tensor:
         return augment.normalize(x, self.mean, self.std)
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Logits in fp32; bf16 autocast and channels_last when enabled (on CUDA by default), the
+        compiled model when `train.compile` (for the model being trained)."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        net = self.compiled if self.compiled is not None and model is self.model else model
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return net(x).float()
 
     @torch.no_grad()
     def predict(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -74,7 +88,7 @@ class LocalTrainer:
         was_training = model.training
         model.eval()
         bs = self.tr["infer_batch_size"]
-        out = torch.cat([F.softmax(model(self.norm(x[i:i + bs])).float(), 1)
+        out = torch.cat([F.softmax(self.forward(model, self.norm(x[i:i + bs])), 1)
                          for i in range(0, len(x), bs)])
         model.train(was_training)
         return out
@@ -121,6 +135,10 @@ class LocalTrainer:
         self.rng = np.random.default_rng(seed)           # host-side draws (e.g. mixup lambda)
         self.helper_psi = helpers or []
         model.to(self.device).train()
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.compiled = compiled(model) if self.tr["compile"] else None
         opt = self.make_optimizer(model, lr)
         params = dict(model.named_parameters())
         for name, buf in (momentum or {}).items():
@@ -145,15 +163,16 @@ class LocalTrainer:
             "num_labeled": int(len(data.y_l)), "num_unlabeled": int(len(data.y_u)),
             "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),
             "app_u": prior.cpu().double().tolist(), "app_u_global": prior0.cpu().double().tolist(),
-            "loss_sup": float(np.mean(sup_losses)) if sup_losses else 0.0,
-            "loss_unsup": float(np.mean(unsup_losses)) if unsup_losses else 0.0,
+            "loss_sup": float(torch.stack(sup_losses).mean()) if sup_losses else 0.0,
+            "loss_unsup": float(torch.stack(unsup_losses).mean()) if unsup_losses else 0.0,
             "train_seconds": time.perf_counter() - t0,
         })
         return metrics
 
     def epoch(self, model: nn.Module, data: ClientData, opt: torch.optim.Optimizer,
               prior: torch.Tensor):
-        """One local epoch; yields (supervised loss, unlabeled loss) per optimiser step."""
+        """One local epoch; yields (supervised loss, unlabeled loss) per optimiser step, as
+        detached tensors (read once after the round: no host sync per step)."""
         if self.tr["mode"] == "fullbatch":
             yield self.step(model, opt, data, torch.arange(len(data.y_l), device=self.device),
                             None, prior)
@@ -182,7 +201,7 @@ class LocalTrainer:
         x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))
         extra, n_extra, loss_u_fn = self.unlabeled_batch(model, data, unl_idx, prior)
         x = torch.cat([x_l, extra]) if n_extra else x_l
-        logits = model(x).float()
+        logits = self.forward(model, x)
         loss_s = F.cross_entropy(logits[:len(x_l)], data.y_l[lab_idx])
         loss_u = loss_u_fn(logits[len(x_l):]) if loss_u_fn is not None else None
         loss = loss_s + self.tr["lambda_u"] * loss_u if loss_u is not None else loss_s
@@ -191,7 +210,7 @@ class LocalTrainer:
         if self.tr["grad_clip"] > 0:
             nn.utils.clip_grad_norm_(model.parameters(), self.tr["grad_clip"])
         opt.step()
-        return float(loss_s.detach()), float(loss_u.detach()) if loss_u is not None else 0.0
+        return loss_s.detach(), (loss_u if loss_u is not None else torch.zeros(())).detach()
 
     def unlabeled_batch(self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None,
                         prior: torch.Tensor):
@@ -260,6 +279,16 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, st
     pred = torch.cat(preds)
     return (float(torch.stack(losses).sum()) / len(y), float((pred == y).double().mean()),
             pred.cpu().numpy())
+
+
+_COMPILED: dict[int, nn.Module] = {}
+
+
+def compiled(model: nn.Module) -> nn.Module:
+    """torch.compile of a model, once per model object (workers reuse one model per process)."""
+    if id(model) not in _COMPILED:
+        _COMPILED[id(model)] = torch.compile(model, dynamic=True)
+    return _COMPILED[id(model)]
 
 
 def resolve_device(name: str) -> torch.device:
