@@ -1,0 +1,50 @@
+"""The accelerator paths (bf16 autocast, channels_last, torch.compile), exercised on the CPU for
+correctness: same training as the fp32 eager path, up to bf16 rounding."""
+
+import pytest
+import torch
+
+from conftest import TINY
+from fssl.config import compose
+from fssl.methods import make_model, make_trainer
+from fssl.runtime import client_data_for, data_meta, dataset_for
+
+
+def fit(*overrides, method="feddb"):
+    cfg = compose(TINY + [f"method={method}", "train.tau=0.3", *overrides])
+    cfg["data_meta"] = meta = data_meta(dataset_for(cfg))
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = make_model(cfg, 10, 1)
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], cpu)
+    metrics = trainer.fit(model, client_data_for(cfg, 1, cpu), 0.1, seed=7)
+    return trainer, model, metrics
+
+
+def test_cpu_defaults_to_fp32_and_contiguous():
+    trainer, model, _ = fit()
+    assert not trainer.bf16 and not trainer.channels_last
+    assert next(model.parameters()).is_contiguous()
+
+
+@pytest.mark.parametrize("method", ["feddb", "fedmatch"])
+def test_bf16_and_channels_last_train_like_fp32(method):
+    _, ref_model, ref = fit(method=method)
+    trainer, model, got = fit("train.precision=bf16", "train.channels_last=true", method=method)
+    assert trainer.bf16 and trainer.channels_last
+    conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert got["loss_sup"] == pytest.approx(ref["loss_sup"], rel=0.02)
+    assert got["app_u"] == pytest.approx(ref["app_u"], abs=0.01)
+    a, b = ref_model.state_dict(), model.state_dict()
+    assert all(torch.allclose(a[k].float(), b[k].float(), atol=0.05) for k in a)
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_like_eager():
+    _, ref_model, ref = fit()
+    _, model, got = fit("train.compile=true")
+    assert got["loss_sup"] == pytest.approx(ref["loss_sup"], rel=1e-4)
+    assert got["app_u"] == pytest.approx(ref["app_u"], abs=1e-4)
+    a, b = ref_model.state_dict(), model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
