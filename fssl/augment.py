@@ -22,21 +22,27 @@ def _rand(n: int, gen: torch.Generator | None, device: torch.device) -> torch.Te
 
 
 def flip_crop(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -> torch.Tensor:
-    """Per-sample random horizontal flip and reflect-padded random crop back to H x W."""
+    """Per-sample random horizontal flip and reflect-padded random crop back to H x W, as one
+    gather on the uint8 images (the padding and the flip are index arithmetic)."""
     n, c, h, w = x.shape
     pad = round(0.125 * min(h, w))
-    if flip:
-        mirror = _rand(n, gen, x.device) < 0.5
-        x = torch.where(mirror[:, None, None, None], x.flip(-1), x)
+    mirror = _rand(n, gen, x.device) < 0.5 if flip else None
     if pad == 0:
-        return x
-    padded = F.pad(x.float(), (pad, pad, pad, pad), mode="reflect").to(x.dtype)
+        return x if mirror is None else torch.where(mirror[:, None, None, None], x.flip(-1), x)
     oy = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
     ox = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
-    rows = (oy[:, None] + torch.arange(h, device=x.device))[:, :, None]      # N x H x 1
-    cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, :]      # N x 1 x W
+    rows = _reflect(oy[:, None] + torch.arange(h, device=x.device) - pad, h)      # N x H
+    cols = _reflect(ox[:, None] + torch.arange(w, device=x.device) - pad, w)      # N x W
+    if mirror is not None:
+        cols = torch.where(mirror[:, None], w - 1 - cols, cols)
     batch = torch.arange(n, device=x.device)[:, None, None]
-    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+    return x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2) \
+        .contiguous()
+
+
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Index into a length-n axis after reflect padding (edge not repeated), for |pad| < n."""
+    return torch.where(i < 0, -i, torch.where(i >= n, 2 * (n - 1) - i, i))
 
 
 def weak(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -> torch.Tensor:
