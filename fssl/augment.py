@@ -59,9 +59,9 @@ def rand_augment(x: torch.Tensor, gen: torch.Generator | None = None,
                  num_ops: int = 2, fused: bool | None = None) -> torch.Tensor:
     """Apply `num_ops` ops per sample; op and magnitude (uniform in its range) drawn per sample.
 
-    `fused` (default: on accelerators) computes every op for the whole batch and selects per sample,
-    with no host-device synchronisation; otherwise each op runs on the subset that drew it, which is
-    faster on a CPU, where synchronisation costs nothing. Both give identical images."""
+    `fused` (default: on accelerators) computes every op group for the whole batch and selects per
+    sample, with no host-device synchronisation; otherwise each group runs on the samples that drew
+    it, which is faster on a CPU, where synchronisation costs nothing. Both give identical images."""
     n = x.shape[0]
     fused = x.device.type != "cpu" if fused is None else fused
     out = x.float()
@@ -71,39 +71,57 @@ def rand_augment(x: torch.Tensor, gen: torch.Generator | None = None,
         if fused:
             out = apply_ops(out, op, mag).clamp(0, 255)
             continue
-        for k, name in enumerate(OPS):
-            idx = (op == k).nonzero(as_tuple=True)[0]
-            if idx.numel() and name != "identity":
-                out[idx] = apply_op(name, out[idx], mag[idx]).clamp(0, 255)
+        for names, fn in _GROUPS:
+            idx = _member(op, names).nonzero(as_tuple=True)[0]
+            if idx.numel():
+                out[idx] = fn(out[idx], op[idx], mag[idx]).clamp(0, 255)
     return out.round().to(torch.uint8)
 
 
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 BLENDS = ("brightness", "color", "contrast", "sharpness")
-POINTWISE = ("autocontrast", "equalize", "posterize", "solarize")
+
+
+def _member(op: torch.Tensor, names) -> torch.Tensor:
+    return sum((op == OPS.index(nm)).long() for nm in names).bool()
+
+
+def _geometric(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Every sample warped by its own geometric op: one 2x3 matrix per sample, one warp."""
+    h, w = x.shape[-2:]
+    theta = _eye(m)
+    for name in GEOMETRIC:
+        theta = torch.where((op == OPS.index(name))[:, None, None], _GEOMETRIC[name](m, h, w), theta)
+    return affine(x, theta)
+
+
+def _blends(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Every sample blended with its op's degenerate image (brightness: black, color: gray,
+    contrast: mean gray, sharpness: smoothed), one blend."""
+    sel = lambda name: (op == OPS.index(name))[:, None, None, None]  # noqa: E731
+    degenerate = torch.zeros_like(x)
+    degenerate = torch.where(sel("color"), _gray(x).expand_as(x), degenerate)
+    degenerate = torch.where(sel("contrast"),
+                             _gray(x).mean((1, 2, 3), keepdim=True).expand_as(x), degenerate)
+    degenerate = torch.where(sel("sharpness"), _smooth(x), degenerate)
+    return _blend(x, degenerate, 0.05 + 0.9 * m)
+
+
+def _single(name: str):
+    return lambda x, op, m: apply_op(name, x, m)
+
+
+_GROUPS = [(GEOMETRIC, _geometric), (BLENDS, _blends)] + [
+    ((name,), _single(name)) for name in ("autocontrast", "equalize", "posterize", "solarize")]
 
 
 def apply_ops(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Sample i gets op OPS[op[i]] with magnitude m[i] (float images in [0, 255]).
-
-    Static shapes, no host-device synchronisation: every op is computed for the whole batch and
-    selected per sample, and the five geometric ops share one warp (one 2x3 matrix per sample), the
-    four blends one blend (one degenerate image per sample)."""
-    h, w = x.shape[-2:]
-    is_op = {name: op == OPS.index(name) for name in OPS}
-    sel = lambda names: sum(is_op[nm].long() for nm in names).bool()[:, None, None, None]  # noqa: E731
-    theta = _eye(m)
-    for name in GEOMETRIC:
-        theta = torch.where(is_op[name][:, None, None], _GEOMETRIC[name](m, h, w), theta)
-    out = torch.where(sel(GEOMETRIC), affine(x, theta), x)
-    degenerate = torch.zeros_like(x)                                        # brightness
-    degenerate = torch.where(sel(["color"]), _gray(x).expand_as(x), degenerate)
-    degenerate = torch.where(sel(["contrast"]),
-                             _gray(x).mean((1, 2, 3), keepdim=True).expand_as(x), degenerate)
-    degenerate = torch.where(sel(["sharpness"]), _smooth(x), degenerate)
-    out = torch.where(sel(BLENDS), _blend(x, degenerate, 0.05 + 0.9 * m), out)
-    for name in POINTWISE:
-        out = torch.where(sel([name]), apply_op(name, x, m), out)
+    """Sample i gets op OPS[op[i]] with magnitude m[i] (float images in [0, 255]), with static
+    shapes and no host-device synchronisation: each op group is computed for the whole batch and
+    selected per sample."""
+    out = x
+    for names, fn in _GROUPS:
+        out = torch.where(_member(op, names)[:, None, None, None], fn(x, op, m), out)
     return out
 
 
