@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
     ap.add_argument("--cpus-per-client", type=int, default=1)
-    ap.add_argument("--gpus-per-client", type=float, default=0.0,
-                    help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU)")
+    ap.add_argument("--gpus-per-client", default="0",
+                    help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
+                         "time), or auto: measured from one client round's peak GPU memory")
     ap.add_argument("--federation-config", default="", help="extra Flower federation config")
     ap.add_argument("--ray-address", default="",
                     help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
@@ -114,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
+    try:
+        gpus = gpus_per_client(args.gpus_per_client, cfg)
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
@@ -127,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         env["RAY_ADDRESS"] = args.ray_address
     fed = {"num-supernodes": cfg["fl"]["num_clients"],
            "client-resources-num-cpus": args.cpus_per_client}
-    if args.gpus_per_client > 0:
-        fed["client-resources-num-gpus"] = args.gpus_per_client
+    if gpus > 0:
+        fed["client-resources-num-gpus"] = gpus
     for item in args.federation_config.split():                # user values win
         key, _, value = item.partition("=")
         fed[key] = value
@@ -160,6 +166,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stop(superlink_pids(http_port))
+
+
+def gpus_per_client(value: str, cfg: dict) -> float:
+    """`--gpus-per-client`: a share in [0, 1], or `auto` (server_app.resources)."""
+    if value == "auto":
+        from fssl.config import clients_per_round
+
+        from .resources import auto_gpus_per_client
+
+        share, how = auto_gpus_per_client(cfg, clients_per_round(cfg))
+        print(f"[launch] --gpus-per-client auto: {how}", flush=True)
+        return share
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise ValueError(f"--gpus-per-client must be a number in [0, 1] or auto, got {value!r}")
+    return share
 
 
 def stop(pids: list[int], grace: float = 15.0) -> None:

@@ -48,3 +48,24 @@ def test_compiled_model_trains_like_eager():
     assert got["app_u"] == pytest.approx(ref["app_u"], abs=1e-4)
     a, b = ref_model.state_dict(), model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+
+
+def test_gpu_share_fits_measured_clients_in_gpu_memory():
+    from server_app.resources import CONTEXT_BYTES, gpu_share
+
+    gib = 2**30
+    assert gpu_share(80 * gib, 2 * gib, 10) == (0.1, 10)           # capped by clients per round
+    share, k = gpu_share(80 * gib, 20 * gib, 10)
+    assert k == int(0.9 * 80 * gib // (20 * gib + CONTEXT_BYTES)) == 3 and share == 1 / 3
+    assert gpu_share(16 * gib, 40 * gib, 10) == (1.0, 1)           # never below one at a time
+
+
+def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
+    from server_app.launch import gpus_per_client
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpus_per_client("auto", tiny_cfg) == 0.0                 # no CUDA: no GPU resource
+    assert gpus_per_client("0.25", tiny_cfg) == 0.25
+    for bad in ("2", "-1", "half"):
+        with pytest.raises(ValueError, match="in \\[0, 1\\] or auto"):
+            gpus_per_client(bad, tiny_cfg)
