@@ -217,6 +217,8 @@ def validate(cfg: dict[str, Any]) -> None:
              cfg["app_u"]["eps"], "a number > 0")
     _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
              "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
+    _require(isinstance(cfg["logging"]["tensorboard"], bool), "logging.tensorboard",
+             cfg["logging"]["tensorboard"], "true or false")
     _require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
              "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
     _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,

@@ -53,9 +53,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, device: torch.device, repeat: int = 1) -> float:
-    """Seconds per call (after one warm-up call)."""
-    fn()
+def timed(fn, device: torch.device, repeat: int = 1, warmup: bool = True) -> float:
+    """Seconds per call (after one warm-up call unless `warmup` is false)."""
+    if warmup:
+        fn()
     sync(device)
     t0 = time.perf_counter()
     for _ in range(repeat):
@@ -283,10 +284,11 @@ def main() -> int:
     def project_round():
         for c, d in enumerate(data):
             trainer.fit(model, d, 0.03, seed=c)
-    t_round = timed(project_round, device, 1)
+    t_round = timed(project_round, device, 1, warmup=device.type == "cuda")
     mem_project = peak_memory(device)
     reset_peak(device)
-    t_ref_round = timed(lambda: [ref.round(ref_model, c) for c in clients], device, 1)
+    t_ref_round = timed(lambda: [ref.round(ref_model, c) for c in clients], device, 1,
+                        warmup=device.type == "cuda")
     results["round_seconds"] = {"project": t_round, "reference": t_ref_round}
     results["peak_memory"] = {"project": mem_project, "reference": peak_memory(device)}
     results["speedup_round"] = t_ref_round / t_round

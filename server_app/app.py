@@ -115,6 +115,7 @@ def main(grid: Grid, context: Context) -> None:
         arrays = strategy.run(grid, arrays, first_round, recorder, after_round)
     finally:
         flwr_logger.setLevel(level)
+        recorder.close()
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     s = recorder.summary()
     if s["rounds"]:

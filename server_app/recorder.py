@@ -33,6 +33,43 @@ class RoundRecorder:
         self.history: list[dict[str, Any]] = []
         self.t_last = time.perf_counter()
         self.t_start = self.t_last
+        self.tb = None                     # TensorBoard writer, opened at the first round written
+
+    def tensorboard(self, record: dict[str, Any]) -> None:
+        """Scalars of one round in run_dir/tensorboard (`tensorboard --logdir runs/`)."""
+        if not self.cfg["logging"]["tensorboard"]:
+            return
+        if self.tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # a resumed run rewrites the rounds after its checkpoint: purge them from the events
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"),
+                                    purge_step=record["round"] if self.resumed_from else None)
+        clients = record["clients"]
+        mean = lambda key: (float(np.mean([c[key] for c in clients if c.get(key) is not None]))  # noqa: E731
+                            if any(c.get(key) is not None for c in clients) else None)
+        dma = record.get("dma") or {}
+        scalars = {
+            "test/accuracy": record["test_accuracy"], "test/loss": record["test_loss"],
+            "train/loss_sup": mean("loss_sup"), "train/loss_unsup": mean("loss_unsup"),
+            "pseudo_labels/accuracy": record["pseudo_label_accuracy"],
+            "pseudo_labels/ratio": record["pseudo_label_ratio"],
+            "bias/js_app_u": record["js_divergence"],
+            "bias/js_labeled": record["js_divergence_labeled"],
+            "aggregation/gradient_diversity": record["gradient_diversity"],
+            "aggregation/dma_loss_uniform": dma.get("loss_uniform"),
+            "aggregation/dma_loss_weights": dma.get("loss_weights"),
+            "aggregation/dma_weight_entropy": dma.get("weight_entropy"),
+            "time/round_seconds": record["round_seconds"], "failures": record["num_failures"],
+        }
+        for tag, value in scalars.items():
+            if value is not None and math.isfinite(value):
+                self.tb.add_scalar(tag, value, record["round"])
+        self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
 
     def evaluate(self, arrays: ArrayRecord) -> tuple[float, float, np.ndarray]:
         self.model.load_state_dict(arrays.to_torch_state_dict())
@@ -94,6 +131,7 @@ class RoundRecorder:
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
         self.history.append(record)
+        self.tensorboard(record)
         done_here = server_round - (self.resumed_from or 0)      # rounds run by this process
         elapsed = time.perf_counter() - self.t_start
         eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)

@@ -75,9 +75,22 @@ def crash_in_round_4_then_resume(run_dir, data, overrides=OVERRIDES):
     return run_dir
 
 
+def tensorboard_scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
 def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_path):
     run_dir = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz)
     assert records(run_dir) == records(baseline)
+    # TensorBoard: one value per round, the rewritten rounds purged, equal to metrics.jsonl
+    expected = [(r["round"], pytest.approx(r["test_accuracy"])) for r in records(baseline)]
+    assert tensorboard_scalars(run_dir, "test/accuracy") == expected
+    assert tensorboard_scalars(baseline, "test/accuracy") == expected
+    assert len(tensorboard_scalars(baseline, "aggregation/dma_loss_weights")) == ROUNDS
     a = torch.load(run_dir / "final_model.pt", weights_only=True)
     b = torch.load(baseline / "final_model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
