@@ -1,0 +1,139 @@
+"""The sweep command (Hydra multirun over the launcher) and the report command (tables, figures)."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fssl.config import compose
+from server_app import report
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+STUB = '''"""Stands in for the launcher: writes a complete run; fails for seed 1 of feddb."""
+import json, pathlib, shlex, sys
+rc = dict(kv.split("=", 1) for kv in shlex.split(sys.argv[sys.argv.index("--run-config") + 1]))
+out = pathlib.Path(rc.get("output-dir") or rc["resume"])
+if rc.get("method") == "feddb" and rc.get("seed") == "1":
+    sys.exit("boom")
+out.mkdir(parents=True, exist_ok=True)
+(out / "config.yaml").write_text("num_rounds: 2\\n")
+(out / "summary.json").write_text(json.dumps({"rounds": 2}))
+calls = out / "calls"
+calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
+'''
+
+
+def sweep(tmp_path, *args):
+    stub = tmp_path / "stub.py"
+    stub.write_text(STUB)
+    return subprocess.run([sys.executable, "-m", "server_app.sweep", "-m", *args,
+                           f"out={tmp_path / 'out'}", f"launcher=[python,{stub}]"],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=120)
+
+
+def test_sweep_runs_each_combination_skips_complete_ones_and_reports_failures(tmp_path):
+    res = sweep(tmp_path, "row=fedavg,feddb", "seed=0,1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "4 combinations: 3 run, 0 already complete, 1 failed" in res.stdout
+    assert "FAILED feddb mnist10k_dir0.3 seed 1: exit 1" in res.stdout
+    root = tmp_path / "out" / "mnist10k_dir0.3"
+    for row, seed in (("fedavg", 0), ("fedavg", 1), ("feddb", 0)):
+        assert (root / row / f"s{seed}" / "calls").read_text() == "1"
+    assert "boom" in (root / "feddb" / "s1.log").read_text()
+    status = [json.loads(line) for line in (tmp_path / "out" / "sweep_status.jsonl").open()]
+    assert sorted((s["row"], s["seed"], s["status"]) for s in status) == [
+        ("fedavg", 0, "done"), ("fedavg", 1, "done"), ("feddb", 0, "done"), ("feddb", 1, "failed")]
+    again = sweep(tmp_path, "row=fedavg,feddb", "seed=0,1")
+    assert "4 combinations: 0 run, 3 already complete, 1 failed" in again.stdout
+    assert (root / "fedavg" / "s0" / "calls").read_text() == "1"       # not run twice
+
+
+def test_sweep_rejects_an_unknown_row(tmp_path):
+    res = sweep(tmp_path, "row=fedbogus")
+    assert res.returncode == 1 and "unknown row 'fedbogus'; choose from fedavg" in res.stdout
+
+
+def test_sweep_presets_compose():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base=None):
+        cfg = hydra_compose(config_name="sweep", overrides=["sweep=mnist_miniature"],
+                            return_hydra_config=True)
+    rows = cfg.hydra.sweeper.params["row"].split(",")
+    assert len(rows) == 10 and set(rows) <= set(yaml.safe_load(
+        (PROJECT / "conf" / "comparison" / "paper.yaml").read_text())["methods"])
+    assert cfg.hydra.sweeper.params["seed"] == "0,1,2"
+
+
+# -- report -------------------------------------------------------------------------------------
+
+def fake_run(root, name, method, seed, accs, extra=(), delta=0.3):
+    cfg = compose([f"method={method}", f"seed={seed}", f"num_rounds={len(accs)}", *extra])
+    cfg["partition"]["delta"] = delta
+    d = root / f"{name}_s{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    lines = []
+    for r, acc in enumerate(accs, 1):
+        k = 10
+        lines.append(json.dumps({
+            "round": r, "test_accuracy": acc, "class_accuracy": list(np.linspace(0, 1, k) * acc),
+            "pseudo_label_accuracy": 0.5 + 0.01 * r, "pseudo_label_ratio": 0.1 * r,
+            "js_divergence": 0.3 / r, "js_divergence_labeled": 0.6,
+            "dma": {"weight_entropy": 1.0 + 0.01 * r, "weights": [0.2] * 5, "loss_weights": 0.01,
+                    "loss_uniform": 0.02} if cfg["dma"]["enabled"] else None}))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs, "a", "fixmatch", 0, [0.5, 0.7, 0.6])
+    fake_run(runs, "a", "fixmatch", 1, [0.4, 0.8, 0.8])
+    fake_run(runs, "b", "feddb", 0, [0.6, 0.9, 0.85])
+    fake_run(runs, "b", "feddb", 1, [0.7, 0.95, 0.9])
+    fake_run(runs, "c", "fixmatch", 0, [0.3, 0.9, 0.9], extra=["dpl=true"])
+    fake_run(runs, "d", "fedavg", 0, [0.2, 0.3, 0.4], delta=0.1)
+    out = tmp_path / "rep"
+    assert report.main([str(runs), "--out", str(out)]) == 0
+    rows = {(r["setting"], r["method"]): r for r in csv.DictReader((out / "results.csv").open())}
+    fm = rows[("mnist10k δ=0.3", "FixMatch")]
+    assert fm["seeds"] == "2" and float(fm["best_mean"]) == pytest.approx(75.0)
+    assert float(fm["best_std"]) == pytest.approx(np.std([70, 80], ddof=1), abs=1e-4)
+    assert float(fm["final_mean"]) == pytest.approx(70.0)
+    assert float(rows[("mnist10k δ=0.3", "FedDB")]["best_mean"]) == pytest.approx(92.5)
+    assert float(rows[("mnist10k δ=0.1", "FedAvg")]["final_mean"]) == pytest.approx(40.0)
+    md = (out / "results.md").read_text()
+    assert "| FixMatch-FedDPL | 90.00(0.00) | – |" in md
+    assert "| – | – | 75.00(7.07) | – |" in md and "| ✓ | ✓ | 92.50(3.54) | – |" in md  # ablation
+    assert md.index("| FedAvg") < md.index("| FixMatch |") < md.index("| FedDB")   # paper order
+    import matplotlib.image as mpimg
+
+    for name in ("convergence", "class_accuracy", "pseudo_labels", "js_divergence", "dma_weights"):
+        png = out / f"{name}.png"
+        assert png.stat().st_size > 20_000, name
+        img = mpimg.imread(png)
+        assert img.std() > 0.05 and img.shape[0] > 300, name                # not blank
+
+
+def test_report_names_runs_by_the_paper_rows():
+    name = lambda *o: report.variant(compose(list(o)))  # noqa: E731
+    assert name("method=fedavg") == "FedAvg" and name("method=feddb") == "FedDB"
+    assert name("method=semifl", "dpl=true") == "SemiFL-FedDPL"
+    assert name("method=feddb", "dma.enabled=false") == "FedDB w/o DMA"
+    assert name("method=feddb", "dpl=false") == "FedDB w/o DPL"
+    assert name("method=fixmatch", "dma.enabled=true") == "FixMatch+DMA"
+
+
+def test_report_input_errors(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nope")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert report.main([str(tmp_path)]) == 2
+    assert "no run directories" in capsys.readouterr().err
