@@ -238,10 +238,23 @@ _GEOMETRIC = {"rotate": _rotate, "shear_x": _shear_x, "shear_y": _shear_y,
 
 
 def affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """Per-sample affine warp (output -> input coordinates), nearest neighbour, gray fill."""
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
-    return F.grid_sample(x - GRAY, grid, mode="nearest", padding_mode="zeros",
-                         align_corners=False) + GRAY
+    """Per-sample affine warp (theta maps output to input coordinates, normalised to [-1, 1] as
+    `F.affine_grid` with align_corners=False), nearest neighbour, gray fill outside the image.
+    Computed as index arithmetic and one gather, which is much faster than grid_sample."""
+    n, c, h, w = x.shape
+    theta = theta.to(torch.float32)
+    ys = (2 * torch.arange(h, device=x.device, dtype=torch.float32) + 1) / h - 1
+    xs = (2 * torch.arange(w, device=x.device, dtype=torch.float32) + 1) / w - 1
+    gx = theta[:, 0, 0, None, None] * xs[None, None, :] + theta[:, 0, 1, None, None] * ys[None, :, None] \
+        + theta[:, 0, 2, None, None]                                           # N x H x W
+    gy = theta[:, 1, 0, None, None] * xs[None, None, :] + theta[:, 1, 1, None, None] * ys[None, :, None] \
+        + theta[:, 1, 2, None, None]
+    px = torch.round(((gx + 1) * w - 1) / 2).long()
+    py = torch.round(((gy + 1) * h - 1) / 2).long()
+    inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+    flat = (py.clamp(0, h - 1) * w + px.clamp(0, w - 1)).reshape(n, 1, h * w).expand(n, c, h * w)
+    out = x.reshape(n, c, h * w).gather(2, flat).reshape(n, c, h, w)
+    return torch.where(inside[:, None], out, torch.full_like(out, GRAY))
 
 
 def cutout_(x: torch.Tensor, gen: torch.Generator | None = None,
