@@ -182,8 +182,10 @@ def flwr_rounds(args, rounds: int) -> dict:
     later = recs[1:] or recs                      # round 1 also starts the Ray workers
     wall = float(np.mean([r["round_seconds"] for r in later]))
     train = float(np.mean([sum(c["train_seconds"] for c in r["clients"]) for r in later]))
+    workers = min(args.clients, os.cpu_count() or 1)        # one CPU per client (launcher default)
     return {"rounds": rounds, "launcher_seconds": total, "round_wall_seconds": wall,
-            "client_train_seconds_sum": train,
+            "client_train_seconds_sum": train, "parallel_clients": workers,
+            "overhead_seconds": wall - train / workers,
             "first_round_seconds": recs[0]["round_seconds"]}
 
 
@@ -198,7 +200,7 @@ def main() -> int:
     for key in ("clients", "labeled", "unlabeled", "epochs"):
         ap.add_argument(f"--{key}", type=int)
     ap.add_argument("--compile", action="store_true", help="torch.compile the project's model")
-    ap.add_argument("--flwr-rounds", type=int, default=3,
+    ap.add_argument("--flwr-rounds", type=int, default=2,
                     help="rounds of a real `flwr run` to time (0: skip; needs flwr)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
@@ -313,11 +315,13 @@ def main() -> int:
           f"{results['peak_memory']['reference']} | |")
     sim = results.get("flwr_simulation")
     if sim and "error" not in sim:
-        print(f"\nflwr run simulation ({sim['rounds']} rounds, Ray backend): "
-              f"{sim['round_wall_seconds']:.2f} s per round after the first "
-              f"(first {sim['first_round_seconds']:.2f} s), of which the clients' own training "
-              f"{sim['client_train_seconds_sum']:.2f} s (summed over clients); "
-              f"whole launcher {sim['launcher_seconds']:.0f} s including start-up")
+        print(f"\nflwr run simulation of {args.clients} clients on the {args.dataset} partition "
+              f"({sim['rounds']} rounds, Ray backend, {sim['parallel_clients']} clients at a time): "
+              f"{sim['round_wall_seconds']:.2f} s per round after the first (first "
+              f"{sim['first_round_seconds']:.2f} s); the clients' own training, measured inside "
+              f"the simulation, sums to {sim['client_train_seconds_sum']:.2f} s, so Flower and Ray "
+              f"add about {sim['overhead_seconds']:.2f} s per round; the whole launcher took "
+              f"{sim['launcher_seconds']:.0f} s including start-up")
     elif sim:
         print(f"\nflwr run simulation skipped: {sim['error']}")
     if args.json:

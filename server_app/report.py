@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import sys
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def setting_order(settings) -> list[str]:
 def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
     m = cfg["method"]
-    if m["trainer"] != "fixmatch" or m["strategy"] != "fedavg" or \
+    if m.get("trainer") != "fixmatch" or m.get("strategy", "fedavg") != "fedavg" or \
             m.get("pseudo_labels", "round") != "round":
         return None
     return bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
@@ -172,7 +173,8 @@ def series(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rounds, mean and std over seeds of a per-round value (rounds every run has)."""
     n = min(len(r["rounds"]) for r in runs)
     vals = np.array([[_num(key(x)) for x in r["rounds"][:n]] for r in runs], dtype=float)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():                 # all-NaN rounds (e.g. no label passed tau)
+        warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
         std = np.nanstd(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
     return np.array([x["round"] for x in runs[0]["rounds"][:n]]), mean, std
@@ -189,6 +191,11 @@ def _grid(n: int, plt, width: float = 5.5, height: float = 4.0):
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, list(axes.flat)
+
+
+def _legend(ax) -> None:
+    """Below the axes, so that it never hides data."""
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
 
 
 def _title(fig, text: str) -> None:
@@ -230,9 +237,9 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                 ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
                 ax.grid(alpha=0.3)
                 if ax.get_legend_handles_labels()[0]:
-                    ax.legend(fontsize=7)
+                    _legend(ax)
         _title(fig, title)
-        fig.savefig(out / name, dpi=110)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(out / name)
 
@@ -269,9 +276,9 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                    label=var)
         ax.set(title=f"final model: {s}", xlabel="class", ylabel="test accuracy",
                xticks=range(k), ylim=(0, 1.05))
-        ax.legend(fontsize=7, ncol=2)
+        _legend(ax)
     _title(fig, "Class-wise test accuracy of the final global model (mean over seeds)")
-    fig.savefig(out / "class_accuracy.png", dpi=110)
+    fig.savefig(out / "class_accuracy.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     written.append(out / "class_accuracy.png")
     return written
