@@ -304,7 +304,7 @@ def main() -> int:
 
     a, s, r = (results[k] for k in ("augment_images_per_s", "train_step_images_per_s",
                                     "round_seconds"))
-    print(f"\n| measure | project | reference | ratio |\n|---|---|---|---|")
+    print("\n| measure | project | reference | ratio |\n|---|---|---|---|")
     print(f"| augmentation (weak + strong), images/s | {a['project']:,.0f} | {a['reference']:,.0f} | "
           f"{a['project'] / a['reference']:.1f}x |")
     print(f"| local training step, images/s | {s['project']:,.0f} | {s['reference']:,.0f} | "
