@@ -6,7 +6,6 @@ import json
 from functools import lru_cache
 
 import torch
-
 from torch import nn
 
 from .data import Dataset, load_dataset, read_client_file

@@ -123,13 +123,11 @@ class LocalTrainer:
         return len(data.y_u)
 
     # -- the round -------------------------------------------------------------------------
-    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
-            helpers: list[dict[str, torch.Tensor]] | None = None,
-            momentum: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
-        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
-        `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
-        `client`); the round's final buffers are left in `self.momentum_out`."""
-        t0 = time.perf_counter()
+    def prepare(self, model: nn.Module, lr: float, seed: int,
+                helpers: list[dict[str, torch.Tensor]] | None = None,
+                momentum: dict[str, torch.Tensor] | None = None) -> torch.optim.Optimizer:
+        """Seed the round's random streams, put the model on the device in its memory format
+        (compiled when asked) and return its optimiser, seeded with `momentum` buffers if given."""
         torch.manual_seed(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rng = np.random.default_rng(seed)           # host-side draws (e.g. mixup lambda)
@@ -144,6 +142,17 @@ class LocalTrainer:
         for name, buf in (momentum or {}).items():
             if name in params and buf.shape == params[name].shape:
                 opt.state[params[name]]["momentum_buffer"] = buf.to(self.device, torch.float32)
+        return opt
+
+    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
+            helpers: list[dict[str, torch.Tensor]] | None = None,
+            momentum: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
+        `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
+        `client`); the round's final buffers are left in `self.momentum_out`."""
+        t0 = time.perf_counter()
+        opt = self.prepare(model, lr, seed, helpers, momentum)
+        params = dict(model.named_parameters())
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
         prior0 = app_u(probs0)
@@ -210,7 +219,8 @@ class LocalTrainer:
         if self.tr["grad_clip"] > 0:
             nn.utils.clip_grad_norm_(model.parameters(), self.tr["grad_clip"])
         opt.step()
-        return loss_s.detach(), (loss_u if loss_u is not None else torch.zeros(())).detach()
+        zero = torch.zeros((), device=loss_s.device)
+        return loss_s.detach(), (loss_u if loss_u is not None else zero).detach()
 
     def unlabeled_batch(self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None,
                         prior: torch.Tensor):

@@ -256,14 +256,7 @@ def main() -> int:
     data = [ClientData(to_nchw(a, device), torch.from_numpy(b).to(device), to_nchw(c, device),
                        torch.from_numpy(d).to(device)) for a, b, c, d in clients]
     d0 = data[0]
-    trainer.gen, trainer.rng, trainer.helper_psi = gen, np.random.default_rng(0), []
-    trainer.model, trainer.compiled = model, None
-    if trainer.channels_last:
-        model.to(memory_format=torch.channels_last)
-    if args.compile:
-        from fssl.train import compiled
-        trainer.compiled = compiled(model)
-    opt = trainer.make_optimizer(model, 0.03)
+    opt = trainer.prepare(model, 0.03, seed=0)
     prior = torch.full((meta["num_classes"],), 1.0 / meta["num_classes"], device=device)
     trainer.begin_round(model, d0, trainer.weak_probs(model, d0), prior)
     lab = torch.arange(len(d0.y_l), device=device)
