@@ -55,6 +55,17 @@ def test_paper_presets(name):
     ({"overrides": "model.norm=ln"}, "`model.norm`: 'ln'; allowed: batchstat, bn, gn"),
     ({"overrides": "seed=abc"}, "`seed`: 'abc'; allowed: an integer"),
     ({"overrides": "checkpoint.every=-1"}, "`checkpoint.every`: -1"),
+    ({"method": "fedrgd", "overrides": "method.groups=0"},
+     "`method.groups`: 0; allowed: an integer >= 1"),
+    ({"method": "semifl", "overrides": "method.mix_alpha=-1"}, "`method.mix_alpha`: -1"),
+    ({"method": "fedmatch", "overrides": "method.view=strong"},
+     "`method.view`: 'strong'; allowed: raw, weak"),
+    ({"method": "fedmatch", "overrides": "method.strategy=fedavg"},
+     "fedmatch exactly when method.trainer is fedmatch"),
+    ({"overrides": "method.pseudo_labels=sometimes"}, "`method.pseudo_labels`: 'sometimes'"),
+    ({"overrides": "train.precision=fp16"}, "`train.precision`: 'fp16'; allowed: auto, fp32, bf16"),
+    ({"overrides": "train.optimizer_state=disk"}, "`train.optimizer_state`: 'disk'"),
+    ({"overrides": "logging.tensorboard=maybe"}, "`logging.tensorboard`: 'maybe'"),
 ])
 def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
