@@ -5,8 +5,9 @@
 Reads every run directory below the given paths (a directory with config.yaml and metrics.jsonl),
 names each run by its paper row (FedAvg, FixMatch, FedMatch, FedRGD, SemiFL, X-FedDPL, FedDB, and
 the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
-- results.md: per setting, mean(std) over seeds of the best and of the final test accuracy (%), and
-  the DPL/DMA ablation of FedDB's FixMatch client; results.csv: the same numbers, one line per row;
+- results.md: per partition (IID, δ=0.3, δ=0.1) a table of methods × datasets with mean(std) over
+  seeds of the best and of the final test accuracy (%), as the paper's Tables 1-3, and the DPL/DMA
+  ablation of FedDB's FixMatch client (Table 4); results.csv: the same numbers, one line per cell;
 - convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
 Each method keeps one colour in every figure.
 """
@@ -45,17 +46,34 @@ def variant(cfg: dict[str, Any]) -> str:
     return name
 
 
-def setting(cfg: dict[str, Any]) -> str:
+DATASETS = {"cifar10": "CIFAR10", "svhn": "SVHN", "cifar100": "CIFAR100", "mnist10k": "MNIST-10k"}
+
+
+def partition_label(cfg: dict[str, Any]) -> str:
     p = cfg["partition"]
-    part = "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
-    return f"{cfg['dataset']['name']} {part}"
+    return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
+
+
+def setting(cfg: dict[str, Any]) -> str:
+    return f"{cfg['dataset']['name']} {partition_label(cfg)}"
+
+
+def partition_order(parts) -> list[str]:
+    """The paper's order: IID, then decreasing delta."""
+    return sorted(set(parts), key=lambda p: (0, 0.0) if p == "IID" else (1, -float(p[2:])))
+
+
+def dataset_order(names) -> list[str]:
+    """The paper's column order (CIFAR10, SVHN, CIFAR100), then any other dataset by name."""
+    known = list(DATASETS)
+    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
 
 
 def setting_order(settings) -> list[str]:
-    """The paper's column order: per dataset IID, then decreasing delta."""
+    """Per dataset (paper order), IID then decreasing delta."""
     def key(s: str):
         name, _, part = s.rpartition(" ")
-        return name, 0 if part == "IID" else 1, -float(part[2:]) if part != "IID" else 0.0
+        return dataset_order([name, *DATASETS]).index(name), partition_order([part, "IID"]).index(part)
     return sorted(set(settings), key=key)
 
 
@@ -81,25 +99,32 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
             if not rounds:
                 continue
             runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
-                         "setting": setting(cfg), "seed": cfg["seed"],
+                         "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
+                         "partition": partition_label(cfg), "seed": cfg["seed"],
                          "complete": rounds[-1]["round"] >= cfg["num_rounds"]})
     return runs
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for a single value)."""
     a = np.asarray(values, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else float("nan")
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float], complete: bool = True) -> str:
+    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '*' for unfinished runs."""
     if not values:
         return "–"
     m, s = mean_std([100 * v for v in values])
-    return f"{m:.2f}({s:.2f})"
+    return f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + ("" if complete else "*")
+
+
+def variant_rank(name: str) -> tuple[int, str]:
+    return ORDER.index(name) if name in ORDER else len(ORDER), name
 
 
 def variant_order(names) -> list[str]:
-    return sorted(set(names), key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    return sorted(set(names), key=variant_rank)
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,41 +136,73 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (sett, var), rs in groups.items():
         best = [max(x["test_accuracy"] for x in r["rounds"]) for r in rs]
         final = [r["rounds"][-1]["test_accuracy"] for r in rs]
-        rows.append({"setting": sett, "variant": var, "seeds": sorted(r["seed"] for r in rs),
+        rows.append({"setting": sett, "variant": var, "dataset": rs[0]["dataset"],
+                     "partition": rs[0]["partition"], "seeds": sorted(r["seed"] for r in rs),
                      "complete": all(r["complete"] for r in rs), "best": best, "final": final})
     return rows
 
 
 def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    settings = setting_order(r["setting"] for r in rows)
-    cell = {(r["setting"], r["variant"]): r for r in rows}
+    """The paper's layout: per partition one table, methods down, datasets across, mean(std) over
+    seeds; then the ablation, partitions stacked as in the paper's Table 4."""
+    parts = partition_order(r["partition"] for r in rows)
+    datasets = dataset_order(r["dataset"] for r in rows)
+    head = " | ".join(DATASETS.get(d, d) for d in datasets)
+    cell = {(r["partition"], r["dataset"], r["variant"]): r for r in rows}
     out = []
     for key, title in (("best", "Best test accuracy"), ("final", "Final test accuracy")):
-        out += [f"### {title} (%), mean(std) over seeds", "",
-                "| method | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
-        for var in variant_order(r["variant"] for r in rows):
-            vals = [fmt(cell[(s, var)][key]) if (s, var) in cell else "–" for s in settings]
-            out.append(f"| {var} | " + " | ".join(vals) + " |")
-        out.append("")
-    seeds = {(r["setting"], r["variant"]): r["seeds"] for r in rows}
-    out += ["Seeds per cell: " + "; ".join(f"{v} @ {s}: {len(n)}" for (s, v), n in
-                                            sorted(seeds.items())) + ".", ""]
-    abl: dict[tuple[str, tuple[bool, bool]], list[float]] = defaultdict(list)
-    for r in runs:
-        k = ablation_key(r["cfg"])
-        if k is not None:
-            abl[(r["setting"], k)].append(max(x["test_accuracy"] for x in r["rounds"]))
+        for part in parts:
+            out += [f"### {title} (%), {part}: mean(std) over seeds", "",
+                    f"| method | {head} |", "|---" * (len(datasets) + 1) + "|"]
+            for var in variant_order(r["variant"] for r in rows if r["partition"] == part):
+                vals = [fmt(c[key], c["complete"]) if (c := cell.get((part, d, var))) else "–"
+                        for d in datasets]
+                out.append(f"| {var} | " + " | ".join(vals) + " |")
+            out.append("")
+    out += [seed_note(rows), ""]
+    abl = ablation(runs)
     if abl:
         out += ["### Ablation: DPL and DMA on FedDB's client, best test accuracy (%)", "",
-                "| DPL | DMA | " + " | ".join(settings) + " |", "|---|---" + "|---" * len(settings)
-                + "|"]
-        for k in [(False, False), (True, False), (True, True), (False, True)]:
-            if any((s, k) in abl for s in settings):
-                mark = lambda b: "✓" if b else "–"  # noqa: E731
-                out.append(f"| {mark(k[0])} | {mark(k[1])} | " +
-                           " | ".join(fmt(abl.get((s, k), [])) for s in settings) + " |")
-        out.append("")
+                f"| partition | DPL | DMA | {head} |", "|---|---|---" + "|---" * len(datasets) + "|"]
+        mark = lambda b: "✓" if b else "–"  # noqa: E731
+        for part in parts:
+            for k in [(False, False), (True, False), (True, True), (False, True)]:
+                if any((part, d, k) in abl for d in datasets):
+                    out.append(f"| {part} | {mark(k[0])} | {mark(k[1])} | " +
+                               " | ".join(fmt(abl.get((part, d, k), [])) for d in datasets) + " |")
+        out += ["", "(DPL without DMA is FixMatch-FedDPL; a seed run both ways counts once.)", ""]
     return "\n".join(out)
+
+
+def seed_note(rows: list[dict[str, Any]]) -> str:
+    """Which seeds the cells average, the exceptions listed; unfinished runs flagged."""
+    counts = defaultdict(list)
+    for r in rows:
+        counts[tuple(r["seeds"])].append(r)
+    common = max(counts, key=lambda k: len(counts[k]))
+    text = f"Each cell: seeds {', '.join(map(str, common))} ({len(common)} run" + \
+        ("s)" if len(common) > 1 else ")")
+    others = [f"{r['variant']} @ {r['setting']}: seeds {', '.join(map(str, r['seeds']))}"
+              for k, rs in counts.items() if k != common for r in rs]
+    text += ("; except " + "; ".join(sorted(others)) if others else "") + "."
+    if not all(r["complete"] for r in rows):
+        text += " * = some runs of the cell have not reached their last round."
+    return text
+
+
+def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, bool]], list[float]]:
+    """Best accuracy per (partition, dataset, (DPL, DMA)) of FedDB's client, one value per seed (the
+    same computation under two row names, e.g. FixMatch-FedDPL and FedDB w/o DMA, counts once)."""
+    seen: dict[tuple, float] = {}
+    for r in sorted(runs, key=lambda r: str(r["dir"])):
+        k = ablation_key(r["cfg"])
+        if k is not None:
+            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]),
+                            max(x["test_accuracy"] for x in r["rounds"]))
+    out: dict[tuple[str, str, tuple[bool, bool]], list[float]] = defaultdict(list)
+    for (part, d, k, _), best in seen.items():
+        out[(part, d, k)].append(best)
+    return out
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -153,11 +210,14 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         w = csv.writer(f)
         w.writerow(["setting", "method", "seeds", "complete", "best_mean", "best_std",
                     "final_mean", "final_std"])
-        for r in sorted(rows, key=lambda r: (r["setting"], variant_order([r["variant"]]))):
+        settings = setting_order(r["setting"] for r in rows)
+        for r in sorted(rows, key=lambda r: (settings.index(r["setting"]),
+                                             variant_rank(r["variant"]))):
             bm, bs = mean_std([100 * v for v in r["best"]])
             fm, fs = mean_std([100 * v for v in r["final"]])
+            num = lambda v: "" if math.isnan(v) else f"{v:.4f}"  # noqa: E731
             w.writerow([r["setting"], r["variant"], len(r["seeds"]), r["complete"],
-                        f"{bm:.4f}", f"{bs:.4f}", f"{fm:.4f}", f"{fs:.4f}"])
+                        num(bm), num(bs), num(fm), num(fs)])
 
 
 # -- figures ------------------------------------------------------------------------------------

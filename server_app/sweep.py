@@ -1,5 +1,7 @@
 """Sweeps on Hydra multirun: each combination of row (method + switches) x dataset x partition x seed
-is one Flower simulation through the launcher (conf/sweep.yaml says how).
+is one Flower simulation through the launcher (conf/sweeps/config.yaml says how; presets in
+conf/sweeps/sweep/). The sweep has its own config root so that `dataset=`, `partition=` and
+`experiment=` are plain values here, not the training configuration's groups.
 
     python -m server_app.sweep -m sweep=mnist_miniature
     python -m server_app.sweep -m row=fedavg,feddb seed=0,1,2 out=runs/mine run_config="num-server-rounds=20"
@@ -117,7 +119,8 @@ def main() -> None:
     import hydra
 
     sys.path.insert(0, str(PROJECT))
-    hydra.main(config_path=str(PROJECT / "conf"), config_name="sweep", version_base=None)(job)()
+    hydra.main(config_path=str(PROJECT / "conf" / "sweeps"), config_name="config",
+               version_base=None)(job)()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ if rc.get("method") == "feddb" and rc.get("seed") == "1":
 out.mkdir(parents=True, exist_ok=True)
 (out / "config.yaml").write_text("num_rounds: 2\\n")
 (out / "summary.json").write_text(json.dumps({"rounds": 2}))
+(out / "run_config").write_text(sys.argv[sys.argv.index("--run-config") + 1])
 calls = out / "calls"
 calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
 '''
@@ -63,20 +64,49 @@ def test_sweep_presets_compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(PROJECT / "conf"), version_base=None):
-        cfg = hydra_compose(config_name="sweep", overrides=["sweep=mnist_miniature"],
+    sweeps = str(PROJECT / "conf" / "sweeps")
+    with initialize_config_dir(config_dir=sweeps, version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=["sweep=mnist_miniature"],
                             return_hydra_config=True)
-    rows = cfg.hydra.sweeper.params["row"].split(",")
-    assert len(rows) == 10 and set(rows) <= set(yaml.safe_load(
-        (PROJECT / "conf" / "comparison" / "paper.yaml").read_text())["methods"])
+    paper = yaml.safe_load((PROJECT / "conf" / "comparison" / "paper.yaml").read_text())
+    rows = list(paper["methods"])
+    assert cfg.hydra.sweeper.params["row"].split(",") == rows + list(paper["ablation"])
     assert cfg.hydra.sweeper.params["seed"] == "0,1,2"
+    experiments = {p.relative_to(PROJECT / "conf" / "experiment").with_suffix("").as_posix()
+                   for p in (PROJECT / "conf" / "experiment").rglob("*.yaml")}
+    for preset in sorted((PROJECT / "conf" / "sweeps" / "sweep" / "paper").glob("*.yaml")):
+        with initialize_config_dir(config_dir=sweeps, version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=[f"sweep=paper/{preset.stem}"],
+                                return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        assert params["row"].split(",") == rows and params["seed"] == "0,1,2,3", preset.name
+        for d in params.get("dataset", cfg.dataset).split(","):       # every setting has a preset
+            for p in params.get("partition", cfg.partition).split(","):
+                cfg.dataset, cfg.partition = d, p
+                assert cfg.experiment == f"paper/{d}_{p}" and cfg.experiment in experiments
+
+
+def test_sweep_table_preset_runs_every_dataset_with_its_paper_experiment(tmp_path):
+    res = sweep(tmp_path, "sweep=paper/table_dir0.1", "row=feddb", "seed=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "3 combinations: 3 run, 0 already complete, 0 failed" in res.stdout
+    for d in ("cifar10", "svhn", "cifar100"):
+        rc = (tmp_path / "out" / f"{d}_dir0.1" / "feddb" / "s0" / "run_config").read_text()
+        assert f"dataset='{d}' partition='dir0.1' experiment='paper/{d}_dir0.1'" in rc
+    # dataset, partition and experiment are plain values of the sweep, not training config groups
+    res = sweep(tmp_path, "dataset=svhn", "partition=iid", "experiment=paper/svhn_iid", "row=fedavg")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rc = (tmp_path / "out" / "svhn_iid" / "fedavg" / "s0" / "run_config").read_text()
+    assert "dataset='svhn' partition='iid' experiment='paper/svhn_iid'" in rc
 
 
 # -- report -------------------------------------------------------------------------------------
 
-def fake_run(root, name, method, seed, accs, extra=(), delta=0.3):
-    cfg = compose([f"method={method}", f"seed={seed}", f"num_rounds={len(accs)}", *extra])
+def fake_run(root, name, method, seed, accs, extra=(), delta=0.3, dataset="mnist10k", rounds=None):
+    cfg = compose([f"method={method}", f"seed={seed}", f"num_rounds={rounds or len(accs)}", *extra])
     cfg["partition"]["delta"] = delta
+    cfg["partition"]["mode"] = "iid" if delta is None else "dirichlet"
+    cfg["dataset"]["name"] = dataset
     d = root / f"{name}_s{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -101,6 +131,9 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     fake_run(runs, "b", "feddb", 1, [0.7, 0.95, 0.9])
     fake_run(runs, "c", "fixmatch", 0, [0.3, 0.9, 0.9], extra=["dpl=true"])
     fake_run(runs, "d", "fedavg", 0, [0.2, 0.3, 0.4], delta=0.1)
+    fake_run(runs, "e", "feddb", 0, [0.1, 0.2, 0.2], extra=["dma.enabled=false"])   # = c's (DPL, -)
+    fake_run(runs, "f", "fedavg", 0, [0.5, 0.6, 0.6], delta=None, dataset="cifar10")
+    fake_run(runs, "g", "fedrgd", 0, [0.5, 0.4], rounds=5)                     # still running
     out = tmp_path / "rep"
     assert report.main([str(runs), "--out", str(out)]) == 0
     rows = {(r["setting"], r["method"]): r for r in csv.DictReader((out / "results.csv").open())}
@@ -110,10 +143,20 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     assert float(fm["final_mean"]) == pytest.approx(70.0)
     assert float(rows[("mnist10k δ=0.3", "FedDB")]["best_mean"]) == pytest.approx(92.5)
     assert float(rows[("mnist10k δ=0.1", "FedAvg")]["final_mean"]) == pytest.approx(40.0)
+    assert rows[("cifar10 IID", "FedAvg")]["best_std"] == ""                  # one seed: no std
     md = (out / "results.md").read_text()
-    assert "| FixMatch-FedDPL | 90.00(0.00) | – |" in md
-    assert "| – | – | 75.00(7.07) | – |" in md and "| ✓ | ✓ | 92.50(3.54) | – |" in md  # ablation
-    assert md.index("| FedAvg") < md.index("| FixMatch |") < md.index("| FedDB")   # paper order
+    # the paper's layout: one table per partition (IID first), datasets across in the paper's order
+    assert md.index("(%), IID:") < md.index("(%), δ=0.3:") < md.index("(%), δ=0.1:")
+    assert md.count("| method | CIFAR10 | MNIST-10k |") == 6
+    assert "| FedAvg | 60.00(–) | – |" in md and "| FixMatch-FedDPL | – | 90.00(–) |" in md
+    d03 = md[md.index("Best test accuracy (%), δ=0.3"):md.index("Best test accuracy (%), δ=0.1")]
+    assert d03.index("| FixMatch |") < d03.index("| FixMatch-FedDPL") < d03.index("| FedDB |")
+    assert "| FedDB | – | 92.50(3.54) |" in d03
+    assert "| FedRGD | – | 50.00(–)* |" in d03 and "* = some runs of the cell have not" in md
+    assert "Each cell: seeds 0 (1 run); except" in md and "FixMatch @ mnist10k δ=0.3: seeds 0, 1" in md
+    # ablation: FixMatch-FedDPL and FedDB w/o DMA are one computation: a seed counts once
+    assert "| δ=0.3 | – | – | – | 75.00(7.07) |" in md and "| δ=0.3 | ✓ | ✓ | – | 92.50(3.54) |" in md
+    assert "| δ=0.3 | ✓ | – | – | 90.00(–) |" in md
     import matplotlib.image as mpimg
 
     for name in ("convergence", "class_accuracy", "pseudo_labels", "js_divergence", "dma_weights"):
