@@ -9,7 +9,7 @@ the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
   seeds of the best and of the final test accuracy (%), as the paper's Tables 1-3, and the DPL/DMA
   ablation of FedDB's FixMatch client (Table 4); results.csv: the same numbers, one line per cell;
 - convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
-Each method keeps one colour in every figure.
+Each method keeps one colour in every figure (X-FedDPL: the light shade of X's, dashed).
 """
 
 from __future__ import annotations
@@ -222,11 +222,27 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 # -- figures ------------------------------------------------------------------------------------
 
+# tab20 index per method (dark shade; X-FedDPL takes the light shade of X's colour, dashed)
+HUES = {"FixMatch": 0, "FedMatch": 2, "FedRGD": 4, "FedDB": 6, "SemiFL": 8,
+        "FedDB w/o DMA": 10, "FedDB w/o DPL": 12, "FedAvg": 14}
+
+
 def colours(variants: list[str]) -> dict[str, Any]:
+    """One colour per method in every figure: X and X-FedDPL share a hue (dark and light)."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab10" if len(variants) <= 10 else "tab20"]
-    return {v: cmap(i % cmap.N) for i, v in enumerate(variant_order(variants))}
+    cmap = matplotlib.colormaps["tab20"]
+    spare = iter(i for i in [16, 18, 17, 19, 1, 3, 5, 7, 9, 11, 13, 15] * 4)
+    out = {}
+    for v in variant_order(variants):
+        base = v.removesuffix("-FedDPL")
+        i = HUES[base] + (base != v) if base in HUES else next(spare)
+        out[v] = cmap(i)
+    return out
+
+
+def dashes(variant: str) -> str:
+    return "--" if variant.endswith("-FedDPL") else "-"
 
 
 def series(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,7 +307,8 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                     x, m, sd = series(rs, key)
                     if np.isnan(m).all():
                         continue
-                    ax.plot(x, m, color=col[var], label=f"{var} (n={len(rs)})", lw=1.5)
+                    ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
+                            lw=1.5)
                     if len(rs) > 1:
                         ax.fill_between(x, m - sd, m + sd, color=col[var], alpha=0.15, lw=0)
                 ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
