@@ -180,3 +180,14 @@ def test_report_input_errors(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     assert report.main([str(tmp_path)]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_report_colours_pair_each_method_with_its_dpl_variant():
+    import matplotlib
+
+    tab20 = matplotlib.colormaps["tab20"]
+    col = report.colours(["FixMatch", "FedDB", "SemiFL-FedDPL", "FixMatch-FedDPL", "Mine", "SemiFL"])
+    assert col["FixMatch"] == tab20(0) and col["FixMatch-FedDPL"] == tab20(1)   # dark, light
+    assert col["SemiFL"] == tab20(8) and col["SemiFL-FedDPL"] == tab20(9)
+    assert len(set(col.values())) == 6                        # an unknown variant gets its own
+    assert report.dashes("SemiFL-FedDPL") == "--" and report.dashes("FedDB") == "-"
