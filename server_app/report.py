@@ -58,22 +58,30 @@ def setting(cfg: dict[str, Any]) -> str:
     return f"{cfg['dataset']['name']} {partition_label(cfg)}"
 
 
-def partition_order(parts) -> list[str]:
+def partition_rank(part: str) -> tuple[int, float]:
     """The paper's order: IID, then decreasing delta."""
-    return sorted(set(parts), key=lambda p: (0, 0.0) if p == "IID" else (1, -float(p[2:])))
+    return (0, 0.0) if part == "IID" else (1, -float(part[2:]))
+
+
+def dataset_rank(name: str) -> tuple[int, str]:
+    """The paper's column order (CIFAR10, SVHN, CIFAR100), then any other dataset by name."""
+    known = list(DATASETS)
+    return known.index(name) if name in known else len(known), name
+
+
+def partition_order(parts) -> list[str]:
+    return sorted(set(parts), key=partition_rank)
 
 
 def dataset_order(names) -> list[str]:
-    """The paper's column order (CIFAR10, SVHN, CIFAR100), then any other dataset by name."""
-    known = list(DATASETS)
-    return sorted(set(names), key=lambda n: (known.index(n) if n in known else len(known), n))
+    return sorted(set(names), key=dataset_rank)
 
 
 def setting_order(settings) -> list[str]:
     """Per dataset (paper order), IID then decreasing delta."""
     def key(s: str):
         name, _, part = s.rpartition(" ")
-        return dataset_order([name, *DATASETS]).index(name), partition_order([part, "IID"]).index(part)
+        return dataset_rank(name), partition_rank(part)
     return sorted(set(settings), key=key)
 
 
@@ -101,6 +109,8 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
             runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
                          "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
                          "partition": partition_label(cfg), "seed": cfg["seed"],
+                         "best": max(x["test_accuracy"] for x in rounds),
+                         "final": rounds[-1]["test_accuracy"],
                          "complete": rounds[-1]["round"] >= cfg["num_rounds"]})
     return runs
 
@@ -134,11 +144,10 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups[(r["setting"], r["variant"])].append(r)
     rows = []
     for (sett, var), rs in groups.items():
-        best = [max(x["test_accuracy"] for x in r["rounds"]) for r in rs]
-        final = [r["rounds"][-1]["test_accuracy"] for r in rs]
         rows.append({"setting": sett, "variant": var, "dataset": rs[0]["dataset"],
                      "partition": rs[0]["partition"], "seeds": sorted(r["seed"] for r in rs),
-                     "complete": all(r["complete"] for r in rs), "best": best, "final": final})
+                     "complete": all(r["complete"] for r in rs),
+                     "best": [r["best"] for r in rs], "final": [r["final"] for r in rs]})
     return rows
 
 
@@ -197,8 +206,7 @@ def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, boo
     for r in sorted(runs, key=lambda r: str(r["dir"])):
         k = ablation_key(r["cfg"])
         if k is not None:
-            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]),
-                            max(x["test_accuracy"] for x in r["rounds"]))
+            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]), r["best"])
     out: dict[tuple[str, str, tuple[bool, bool]], list[float]] = defaultdict(list)
     for (part, d, k, _), best in seen.items():
         out[(part, d, k)].append(best)
