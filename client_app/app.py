@@ -46,7 +46,7 @@ def train(msg: Message, context: Context) -> Message:
     momentum = (context.state["optimizer"].to_torch_state_dict()     # authors' code does
                 if keep and "optimizer" in context.state.array_records else None)
     metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
-                          helpers, momentum)
+                          helpers, momentum, float(conf.get("lambda-u", cfg["train"]["lambda_u"])))
     if keep:
         context.state["optimizer"] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
@@ -60,7 +60,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received model on the client's labeled data."""
     cfg, pid, meta, data, model = _setup(msg, context)
-    loss, acc, _ = evaluate_model(model, data.x_l, data.y_l, meta["mean"], meta["std"],
+    loss, acc, _, _ = evaluate_model(model, data.x_l, data.y_l, meta["mean"], meta["std"],
                                   cfg["eval"]["batch_size"])
     metrics = MetricRecord({"eval_loss": loss, "eval_accuracy": acc,
                             "num-examples": int(len(data.y_l))})

@@ -170,6 +170,9 @@ def validate(cfg: dict[str, Any]) -> None:
              tr["unlabeled_loss_norm"], "all, confident")
     for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):
         _require(_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
+    for key in ("local_steps", "warmup_rounds"):
+        _require(isinstance(tr[key], int) and tr[key] >= 0, f"train.{key}", tr[key],
+                 "an integer >= 0")
     for key in ("local_epochs", "batch_size", "mu", "infer_batch_size"):
         _require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
                  "an integer >= 1")
@@ -211,10 +214,15 @@ def validate(cfg: dict[str, Any]) -> None:
     for key in ("width", "gn_groups"):
         _require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
                  "an integer >= 1")
+    _require(isinstance(model.get("hidden", 0), int) and model.get("hidden", 0) >= 0,
+             "model.hidden", model.get("hidden"), "an integer >= 0")
     _require(_number(model["bn_momentum"]) and 0 < model["bn_momentum"] <= 1,
              "model.bn_momentum", model["bn_momentum"], "a number in (0, 1]")
     _require(_number(cfg["app_u"]["eps"]) and cfg["app_u"]["eps"] > 0, "app_u.eps",
              cfg["app_u"]["eps"], "a number > 0")
+    for key in ("val_size", "val_seed"):
+        _require(isinstance(data.get(key, 0), int) and data.get(key, 0) >= 0, f"dataset.{key}",
+                 data.get(key), "an integer >= 0")
     _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
              "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
     _require(isinstance(cfg["logging"]["tensorboard"], bool), "logging.tensorboard",

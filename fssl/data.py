@@ -32,6 +32,8 @@ class Dataset:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    x_val: np.ndarray | None = None     # held out of x_train (dataset.val_size); never trained on
+    y_val: np.ndarray | None = None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -235,8 +237,30 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
         mean, std = pixels.mean(0).tolist(), (pixels.std(0) + 1e-8).tolist()
     if len(mean) != channels or len(std) != channels:
         raise DataError(f"{name}: mean/std need {channels} values, got {mean} / {std}")
-    return Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], k,
-                   tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    ds = Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], k,
+                 tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    return split_validation(ds, int(dcfg.get("val_size") or 0), int(dcfg.get("val_seed") or 0))
+
+
+def split_validation(ds: Dataset, size: int, seed: int) -> Dataset:
+    """Carve a class-stratified validation set of `size` images out of the training images (the
+    same for every run seed and method: model selection never sees the test set, and the
+    partition, labeled split included, is drawn from what remains)."""
+    if size <= 0:
+        return ds
+    n, k = len(ds.y_train), ds.num_classes
+    if size > n // 2:
+        raise DataError(f"{ds.name}: dataset.val_size={size} leaves too few training images "
+                        f"({n} in all); use at most {n // 2}")
+    rng = np.random.default_rng([seed, 4099])
+    counts = np.bincount(ds.y_train, minlength=k)
+    share = np.floor(counts / n * size).astype(int)          # proportional, then the remainder
+    share[np.argsort(-(counts / n * size - share), kind="stable")[:size - share.sum()]] += 1
+    val = np.sort(np.concatenate([rng.choice(np.flatnonzero(ds.y_train == c), share[c],
+                                             replace=False) for c in range(k)]))
+    keep = np.setdiff1d(np.arange(n), val)
+    return Dataset(ds.name, ds.x_train[keep], ds.y_train[keep], ds.x_test, ds.y_test, k,
+                   ds.mean, ds.std, ds.x_train[val], ds.y_train[val])
 
 
 CLIENT_ARRAYS = ("x_labeled", "y_labeled", "x_unlabeled")

@@ -225,6 +225,8 @@ class FedMatchTrainer(LocalTrainer):
 
     def step(self, model, opt, data, lab_idx, unl_idx, prior):
         ce = self.supervised_step(model, opt, data, lab_idx)
+        if self.lambda_u == 0:                      # warm-up round: the sigma step only
+            return ce, torch.zeros((), device=ce.device)
         return ce, self.unsupervised_step(model, opt, data, unl_idx, prior)
 
     def supervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,

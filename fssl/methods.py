@@ -26,7 +26,8 @@ def make_trainer(cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple,
 
 def make_model(cfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Module:
     """The configured model; FedMatch's weights decomposed into sigma + psi."""
-    model = build_model(cfg["model"], num_classes, in_channels)
+    size = cfg.get("data_meta", {}).get("image_shape", [in_channels, 28, 28])[-1]
+    model = build_model(cfg["model"], num_classes, in_channels, size)
     if cfg["method"]["trainer"] == "fedmatch":
         m = cfg["method"]
         decompose(model, m["psi_factor"], m["l1_thres"])

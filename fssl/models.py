@@ -66,7 +66,8 @@ class SmallCNN(nn.Module):
     """Three conv-norm-ReLU blocks (two max-pools), global average pool, linear head."""
 
     def __init__(self, num_classes: int, in_channels: int = 1, width: int = 16,
-                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1) -> None:
+                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1,
+                 hidden: int = 0, image_size: int = 28) -> None:
         super().__init__()
         w = [width, 2 * width, 4 * width]
         layers: list[nn.Module] = []
@@ -77,9 +78,13 @@ class SmallCNN(nn.Module):
             if i < 2:
                 layers.append(nn.MaxPool2d(2))
             cin = cout
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        if hidden:     # keep where features are: flatten the last map, one hidden layer
+            side = image_size // 4
+            layers += [nn.Flatten(), nn.Linear(w[-1] * side * side, hidden), nn.ReLU()]
+        else:          # global average pool
+            layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(w[-1], num_classes)
+        self.fc = nn.Linear(hidden or w[-1], num_classes)
         _init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,11 +102,13 @@ def _init(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def build_model(mcfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Module:
+def build_model(mcfg: dict[str, Any], num_classes: int, in_channels: int,
+                image_size: int = 28) -> nn.Module:
     common = dict(norm=mcfg["norm"], gn_groups=mcfg.get("gn_groups", 8),
                   bn_momentum=mcfg.get("bn_momentum", 0.1))
     if mcfg["name"] == "cnn":
-        return SmallCNN(num_classes, in_channels, width=mcfg.get("width", 16), **common)
+        return SmallCNN(num_classes, in_channels, width=mcfg.get("width", 16),
+                        hidden=mcfg.get("hidden", 0), image_size=image_size, **common)
     if mcfg["name"] == "wrn28_2":
         return WideResNet(num_classes, in_channels, depth=28, widen=mcfg.get("width", 2), **common)
     raise ValueError(f"unknown model '{mcfg['name']}': choose cnn, wrn28_2")

@@ -100,7 +100,9 @@ class LocalTrainer:
                     data: ClientData) -> dict[str, float]:
         """Ratio of confident pseudo-labels and their accuracy against the hidden true labels."""
         n_conf = int(mask.sum())
-        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf}
+        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf,
+               "pseudo_label_histogram":        # classes of the confident pseudo-labels
+               torch.bincount(labels[mask], minlength=self.num_classes).tolist()}
         if bool((data.y_u >= 0).all()):        # hidden labels known (simulation, exported files)
             correct = labels == data.y_u
             out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
@@ -146,17 +148,21 @@ class LocalTrainer:
 
     def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
             helpers: list[dict[str, torch.Tensor]] | None = None,
-            momentum: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+            momentum: dict[str, torch.Tensor] | None = None,
+            lambda_u: float | None = None) -> dict[str, Any]:
         """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
         `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
-        `client`); the round's final buffers are left in `self.momentum_out`."""
+        `client`); the round's final buffers are left in `self.momentum_out`. `lambda_u`: the
+        round's unlabeled loss weight (0 during the server's warm-up: labeled loss only)."""
         t0 = time.perf_counter()
+        self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
         opt = self.prepare(model, lr, seed, helpers, momentum)
         params = dict(model.named_parameters())
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
         prior0 = app_u(probs0)
-        metrics = self.begin_round(model, data, probs0, prior0)
+        self.num_classes = len(prior0)
+        metrics = self.begin_round(model, data, probs0, prior0) if self.lambda_u > 0 else {}
         prior, sup_losses, unsup_losses = prior0.clone(), [], []
         for epoch in range(self.tr["local_epochs"]):
             # p_bar^e of the model entering epoch e; epoch 1 reuses the received model's pass.
@@ -187,9 +193,10 @@ class LocalTrainer:
                             None, prior)
             return
         bs = self.tr["batch_size"]
-        n_l, n_u = len(data.y_l), self.unlabeled_count(data)
+        semi = self.uses_unlabeled and self.lambda_u > 0
+        n_l, n_u = len(data.y_l), self.unlabeled_count(data) if semi else 0
         ubs = bs * self.tr["mu"]
-        steps = math.ceil(n_u / ubs) if self.uses_unlabeled and n_u else math.ceil(n_l / bs)
+        steps = self.tr["local_steps"] or (math.ceil(n_u / ubs) if n_u else math.ceil(n_l / bs))
         lab = self._cycle(n_l, steps * min(bs, n_l))
         unl = self._cycle(n_u, steps * min(ubs, n_u))
         lb, ub = min(bs, n_l), min(ubs, n_u)
@@ -208,12 +215,13 @@ class LocalTrainer:
              lab_idx: torch.Tensor, unl_idx: torch.Tensor | None,
              prior: torch.Tensor) -> tuple[float, float]:
         x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))
-        extra, n_extra, loss_u_fn = self.unlabeled_batch(model, data, unl_idx, prior)
+        extra, n_extra, loss_u_fn = (self.unlabeled_batch(model, data, unl_idx, prior)
+                                     if self.lambda_u > 0 else (None, 0, None))
         x = torch.cat([x_l, extra]) if n_extra else x_l
         logits = self.forward(model, x)
         loss_s = F.cross_entropy(logits[:len(x_l)], data.y_l[lab_idx])
         loss_u = loss_u_fn(logits[len(x_l):]) if loss_u_fn is not None else None
-        loss = loss_s + self.tr["lambda_u"] * loss_u if loss_u is not None else loss_s
+        loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.tr["grad_clip"] > 0:
@@ -234,9 +242,10 @@ class Supervised(LocalTrainer):
 
 class FixMatch(LocalTrainer):
     """FixMatch: hard pseudo-labels from weak views (debiased by APP-U when `dpl`), kept when
-    max p >= tau, CE on strong views. Full-batch mode forms them once per round from the received
-    model (paper Algorithm 2) unless `method.pseudo_labels` is `online` (FedRGD); mini-batch mode
-    forms them online from the current model. Metrics describe the received model's labels."""
+    max p >= tau, CE on strong views. With `method.pseudo_labels: round` they are formed once per
+    round from the received model's pass over weak views of all local unlabeled data (paper
+    Algorithm 2), in both modes; with `online` (FedRGD) from the current local model at each step.
+    Metrics describe the received model's labels."""
 
     uses_unlabeled = True
 
@@ -259,7 +268,13 @@ class FixMatch(LocalTrainer):
             denom = len(self.pl_mask) if norm_all else len(idx)
             target = self.pl_labels[idx]
             return x_s, len(idx), lambda logits: masked_ce(logits, target, denom)
-        # mini-batch: weak and strong views in the same forward, pseudo-labels from the weak half
+        if self.cfg["method"].get("pseudo_labels", "round") == "round":   # mini-batch, per round
+            target, mask = self.pl_labels[unl_idx], self.pl_mask[unl_idx].float()
+            x_s = self.norm(augment.strong(data.x_u[unl_idx], self.flip, self.gen))
+            denom = len(unl_idx) if norm_all else mask.sum().clamp_min(1.0)
+            return x_s, len(unl_idx), lambda logits: (
+                F.cross_entropy(logits, target, reduction="none") * mask).sum() / denom
+        # mini-batch, online: weak and strong views in one forward, labels from the weak half
         u = data.x_u[unl_idx]
         x_w = self.norm(augment.weak(u, self.flip, self.gen))
         x_s = self.norm(augment.strong(u, self.flip, self.gen))
@@ -278,17 +293,20 @@ class FixMatch(LocalTrainer):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, std: tuple,
-             batch_size: int) -> tuple[float, float, np.ndarray]:
-    """Loss, accuracy and predictions on fixed batches in dataset order (eval mode)."""
+             batch_size: int) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """Loss, accuracy, predicted classes and their softmax confidence on fixed batches in dataset
+    order (eval mode)."""
     model.eval()
-    losses, preds = [], []
+    losses, preds, confs = [], [], []
     for i in range(0, len(x), batch_size):
         logits = model(augment.normalize(x[i:i + batch_size], mean, std)).float()
         losses.append(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
-        preds.append(logits.argmax(1))
+        conf, pred = F.softmax(logits, 1).max(1)
+        preds.append(pred)
+        confs.append(conf)
     pred = torch.cat(preds)
     return (float(torch.stack(losses).sum()) / len(y), float((pred == y).double().mean()),
-            pred.cpu().numpy())
+            pred.cpu().numpy(), torch.cat(confs).cpu().double().numpy())
 
 
 _COMPILED: dict[int, nn.Module] = {}

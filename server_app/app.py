@@ -119,9 +119,11 @@ def main(grid: Grid, context: Context) -> None:
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     s = recorder.summary()
     if s["rounds"]:
-        print(f"[feddb] done: best test acc {s['best_test_accuracy']:.4f} (round "
-              f"{s['best_round']}), final test acc {s['final_test_accuracy']:.4f}, "
-              f"{s['wall_seconds']:.0f}s", flush=True)
+        selected = (f", at the best-validation round {s['selected_round']}: "
+                    f"{s['selected_test_accuracy']:.4f}" if s["selected_round"] else "")
+        print(f"[feddb] done: final test acc {s['final_test_accuracy']:.4f}{selected}"
+              + (f", COLLAPSED (top class {s['final_top_class_share']:.2f} of test predictions)"
+                 if s["collapsed"] else "") + f", {s['wall_seconds']:.0f}s", flush=True)
     print(f"[feddb] run directory: {run_dir}", flush=True)
 
 

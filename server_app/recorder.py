@@ -13,7 +13,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from fssl.data import Dataset
-from fssl.metrics import class_accuracy, js_divergence, normalise
+from fssl.metrics import class_accuracy, js_divergence, normalise, prediction_stats
 from fssl.train import evaluate, to_nchw
 from strategy.base import WeightedAverage
 
@@ -27,6 +27,10 @@ class RoundRecorder:
         self.run_dir, self.device = run_dir, device
         self.x_test = to_nchw(ds.x_test, device)
         self.y_test = torch.from_numpy(ds.y_test).to(device)
+        self.has_val = ds.x_val is not None and len(ds.x_val) > 0
+        if self.has_val:
+            self.x_val = to_nchw(ds.x_val, device)
+            self.y_val = torch.from_numpy(ds.y_val).to(device)
         self.metrics_file = run_dir / "metrics.jsonl"
         self.prev_class_acc: np.ndarray | None = None
         self.resumed_from: int | None = None
@@ -54,6 +58,10 @@ class RoundRecorder:
             "train/loss_sup": mean("loss_sup"), "train/loss_unsup": mean("loss_unsup"),
             "pseudo_labels/accuracy": record["pseudo_label_accuracy"],
             "pseudo_labels/ratio": record["pseudo_label_ratio"],
+            "val/accuracy": record["val_accuracy"],
+            "collapse/top_class_share": record["top_class_share"],
+            "collapse/prediction_entropy": record["prediction_entropy"],
+            "calibration/ece": record["ece"],
             "bias/js_app_u": record["js_divergence"],
             "bias/js_labeled": record["js_divergence_labeled"],
             "aggregation/gradient_diversity": record["gradient_diversity"],
@@ -71,17 +79,27 @@ class RoundRecorder:
         if self.tb is not None:
             self.tb.close()
 
-    def evaluate(self, arrays: ArrayRecord) -> tuple[float, float, np.ndarray]:
+    def evaluate(self, arrays: ArrayRecord) -> dict[str, Any]:
+        """Test loss, accuracy, class-wise accuracy, collapse signal and calibration; validation
+        loss and accuracy when the dataset holds a validation split."""
         self.model.load_state_dict(arrays.to_torch_state_dict())
-        loss, acc, pred = evaluate(self.model, self.x_test, self.y_test, self.ds.mean,
-                                   self.ds.std, self.cfg["eval"]["batch_size"])
-        return loss, acc, class_accuracy(pred, self.ds.y_test, self.ds.num_classes)
+        bs, k = self.cfg["eval"]["batch_size"], self.ds.num_classes
+        loss, acc, pred, conf = evaluate(self.model, self.x_test, self.y_test, self.ds.mean,
+                                         self.ds.std, bs)
+        out = {"test_loss": loss, "test_accuracy": acc,
+               "class_accuracy": class_accuracy(pred, self.ds.y_test, k),
+               **prediction_stats(pred, conf, self.ds.y_test, k)}
+        if self.has_val:
+            out["val_loss"], out["val_accuracy"], _, _ = evaluate(
+                self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs)
+        return out
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        loss, acc, cls_acc = self.evaluate(arrays)
+        ev = self.evaluate(arrays)
+        loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         now = time.perf_counter()
         if server_round > 0:
-            self.write(server_round, loss, acc, cls_acc, now - self.t_last)
+            self.write(server_round, ev, now - self.t_last)
         else:
             self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
@@ -89,8 +107,8 @@ class RoundRecorder:
         self.t_last = time.perf_counter()
         return MetricRecord({"test_accuracy": acc, "test_loss": loss})
 
-    def write(self, server_round: int, loss: float, acc: float, cls_acc: np.ndarray,
-              seconds: float) -> None:
+    def write(self, server_round: int, ev: dict[str, Any], seconds: float) -> None:
+        loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         info = self.strategy.last_round
         clients = info.get("clients", [])
         target = self.prev_class_acc       # class-wise accuracy of the model the clients received
@@ -105,10 +123,27 @@ class RoundRecorder:
                 js_lab.append(c["js_labeled"])
         pl_acc = [c["pseudo_label_accuracy"] for c in clients
                   if c["pseudo_label_accuracy"] is not None]
+        pl_hists = [c["pseudo_label_histogram"] for c in clients
+                    if len(c.get("pseudo_label_histogram", [])) == k]
+        pl_hist = np.sum(pl_hists, axis=0).astype(int).tolist() if pl_hists else None
+        pl_count = sum(sum(h) for h in pl_hists)
+        pooled = (sum(c["pseudo_label_accuracy"] * sum(c["pseudo_label_histogram"])
+                      for c in clients if c["pseudo_label_accuracy"] is not None
+                      and len(c.get("pseudo_label_histogram", [])) == k) / pl_count
+                  if pl_count else None)
         record = {
             "round": server_round,
             "test_accuracy": acc,
             "test_loss": loss,
+            "val_accuracy": ev.get("val_accuracy"),
+            "val_loss": ev.get("val_loss"),
+            # the collapse signal and calibration of the global model on the test set
+            "top_class_share": ev["top_class_share"],
+            "prediction_entropy": ev["prediction_entropy"],
+            "collapsed": ev["collapsed"],
+            "predicted_histogram": ev["predicted_histogram"],
+            "ece": ev["ece"],
+            "mean_confidence": ev["mean_confidence"],
             "class_accuracy": [float(v) for v in cls_acc],
             "round_seconds": seconds,
             "lr": self.strategy.lr_for(server_round),
@@ -123,6 +158,10 @@ class RoundRecorder:
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,
+            # classes of this round's confident pseudo-labels over all clients, and their
+            # accuracy pooled over samples (clients weighted by their confident counts)
+            "pseudo_label_histogram": pl_hist,
+            "pseudo_label_accuracy_pooled": pooled,
             "pseudo_label_ratio": float(np.mean([c["pseudo_label_ratio"] for c in clients]))
             if clients else None,
             "class_accuracy_normalised": normalise(cls_acc).tolist(),
@@ -136,8 +175,11 @@ class RoundRecorder:
         elapsed = time.perf_counter() - self.t_start
         eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)
         pl = record["pseudo_label_ratio"]
+        val = record["val_accuracy"]
         print(f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  test acc {acc:.4f}  "
-              f"loss {loss:.4f}  pl ratio {pl if pl is not None else 0:.2f}  "
+              + (f"val acc {val:.4f}  " if val is not None else "")
+              + f"loss {loss:.4f}  pl ratio {pl if pl is not None else 0:.2f}  "
+              f"top class {record['top_class_share']:.2f}  "
               f"{seconds:.1f}s/round  eta {eta:.0f}s"
               + ("  SKIPPED" if record["skipped"] else ""), flush=True)
 
@@ -157,13 +199,8 @@ class RoundRecorder:
         self.resumed_from = server_round
 
     def summary(self) -> dict[str, Any]:
-        accs = [r["test_accuracy"] for r in self.history]
-        best = int(np.argmax(accs)) if accs else -1
         out = {
-            "best_test_accuracy": accs[best] if accs else None,
-            "best_round": self.history[best]["round"] if accs else None,
-            "final_test_accuracy": accs[-1] if accs else None,
-            "rounds": len(accs),
+            **run_summary(self.history),
             "wall_seconds": time.perf_counter() - self.t_start,
             "run_dir": str(self.run_dir),
             "resumed_from_round": self.resumed_from,
@@ -181,3 +218,29 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_clean(v) for v in obj]
     return obj
+
+
+def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline figures of a run's rounds: final test accuracy, test accuracy at the round of best
+    validation accuracy (model selection without the test set; the first such round on ties),
+    best test accuracy over rounds (for reference only), and the collapse signal."""
+    if not history:
+        return {"final_test_accuracy": None, "rounds": 0}
+    accs = [r["test_accuracy"] for r in history]
+    best = int(np.argmax(accs))
+    vals = [r.get("val_accuracy") for r in history]
+    sel = int(np.argmax([-1.0 if v is None else v for v in vals])) if any(
+        v is not None for v in vals) else None
+    shares = [r["top_class_share"] for r in history if r.get("top_class_share") is not None]
+    return {
+        "final_test_accuracy": accs[-1],
+        "final_val_accuracy": vals[-1],
+        "selected_round": history[sel]["round"] if sel is not None else None,
+        "selected_test_accuracy": accs[sel] if sel is not None else None,
+        "best_test_accuracy": accs[best],
+        "best_round": history[best]["round"],
+        "final_top_class_share": history[-1].get("top_class_share"),
+        "max_top_class_share": max(shares) if shares else None,
+        "collapsed": bool(history[-1].get("collapsed", False)),
+        "rounds": len(accs),
+    }

@@ -6,8 +6,11 @@ Reads every run directory below the given paths (a directory with config.yaml an
 names each run by its paper row (FedAvg, FixMatch, FedMatch, FedRGD, SemiFL, X-FedDPL, FedDB, and
 the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
 - results.md: per partition (IID, δ=0.3, δ=0.1) a table of methods × datasets with mean(std) over
-  seeds of the best and of the final test accuracy (%), as the paper's Tables 1-3, and the DPL/DMA
-  ablation of FedDB's FixMatch client (Table 4); results.csv: the same numbers, one line per cell;
+  seeds of the final test accuracy and of the test accuracy at the round of best validation
+  accuracy (%), as the paper's Tables 1-3, collapsed runs flagged; paired per-seed differences
+  (FixMatch − FedAvg, X-FedDPL − X, FedDB − FixMatch-FedDPL, ...) with a 95 % interval; the
+  accuracy of confident pseudo-labels per method; the DPL/DMA ablation of FedDB's FixMatch client
+  (Table 4); results.csv: the numbers, one line per cell;
 - convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
 Each method keeps one colour in every figure (X-FedDPL: the light shade of X's, dashed).
 """
@@ -26,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from server_app.recorder import run_summary
 
 NAMES = {"fedavg": "FedAvg", "fixmatch": "FixMatch", "fedmatch": "FedMatch", "fedrgd": "FedRGD",
          "semifl": "SemiFL", "feddb": "FedDB"}
@@ -106,11 +111,21 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
             rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             if not rounds:
                 continue
+            summary = run_summary(rounds)
+            pooled = [x["pseudo_label_accuracy_pooled"] for x in rounds
+                      if x.get("pseudo_label_accuracy_pooled") is not None]
             runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
                          "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
                          "partition": partition_label(cfg), "seed": cfg["seed"],
-                         "best": max(x["test_accuracy"] for x in rounds),
-                         "final": rounds[-1]["test_accuracy"],
+                         "best": summary["best_test_accuracy"],
+                         "final": summary["final_test_accuracy"],
+                         # test accuracy at the best-validation round (final if no validation)
+                         "selected": summary["selected_test_accuracy"]
+                         if summary["selected_test_accuracy"] is not None
+                         else summary["final_test_accuracy"],
+                         "collapsed": summary["collapsed"],
+                         "max_top_class_share": summary["max_top_class_share"],
+                         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
                          "complete": rounds[-1]["round"] >= cfg["num_rounds"]})
     return runs
 
@@ -121,12 +136,69 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else float("nan")
 
 
-def fmt(values: list[float], complete: bool = True) -> str:
-    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '*' for unfinished runs."""
+def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
+    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '*' for unfinished runs,
+    '†n' when n of the runs ended collapsed (one class for over half of the test set)."""
     if not values:
         return "–"
     m, s = mean_std([100 * v for v in values])
-    return f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + ("" if complete else "*")
+    return (f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + ("" if complete else "*")
+            + (f" †{collapsed}" if collapsed else ""))
+
+
+def interval95(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95 % Student-t interval of paired differences (NaN bounds for n < 2)."""
+    from scipy import stats
+
+    a = np.asarray(diffs, dtype=float)
+    m = float(a.mean())
+    if len(a) < 2:
+        return m, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
+    return m, m - half, m + half
+
+
+# paired comparisons: (variant, reference); X-FedDPL − X for every X is added
+PAIRS = [("FixMatch", "FedAvg"), ("FixMatch-FedDPL", "FedAvg"), ("FedDB", "FedAvg"),
+         ("FedDB", "FixMatch-FedDPL"), ("FedDB w/o DPL", "FixMatch"), ("FedDB", "FixMatch")]
+
+
+def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any]]:
+    """Per setting, per pair: the per-seed differences of `key` on the seeds both have."""
+    by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    for r in runs:
+        by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
+    names = {v for _, v in by}
+    pairs = PAIRS + [(f"{x}-FedDPL", x) for x in ("FixMatch", "FedMatch", "FedRGD", "SemiFL")]
+    out = []
+    for sett in setting_order(s for s, _ in by):
+        for a, b in pairs:
+            if a not in names or b not in names:
+                continue
+            ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
+            seeds = sorted(set(ra) & set(rb))
+            vals = [(ra[s][key], rb[s][key]) for s in seeds
+                    if ra[s][key] is not None and rb[s][key] is not None]
+            if not vals:
+                continue
+            diffs = [100 * (x - y) for x, y in vals]
+            m, lo, hi = interval95(diffs)
+            out.append({"setting": sett, "a": a, "b": b, "seeds": len(vals), "diffs": diffs,
+                        "mean": m, "low": lo, "high": hi})
+    return out
+
+
+def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
+    out = [f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | {what} |",
+           "|---|---|---|---|---|---|---|"]
+    for p in rows:
+        ci = "–" if math.isnan(p["low"]) else f"[{p['low']:+.2f}, {p['high']:+.2f}]"
+        verdict = ("–" if math.isnan(p["low"]) else "above 0" if p["low"] > 0
+                   else "below 0" if p["high"] < 0 else "includes 0")
+        out.append(f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
+                   + " ".join(f"{d:+.2f}" for d in p["diffs"])
+                   + f" | {p['mean']:+.2f} | {ci} | {verdict} |")
+    return out
 
 
 def variant_rank(name: str) -> tuple[int, str]:
@@ -147,7 +219,11 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"setting": sett, "variant": var, "dataset": rs[0]["dataset"],
                      "partition": rs[0]["partition"], "seeds": sorted(r["seed"] for r in rs),
                      "complete": all(r["complete"] for r in rs),
-                     "best": [r["best"] for r in rs], "final": [r["final"] for r in rs]})
+                     "collapsed": sum(r["collapsed"] for r in rs),
+                     "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
+                     "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
+                     "best": [r["best"] for r in rs], "final": [r["final"] for r in rs],
+                     "selected": [r["selected"] for r in rs]})
     return rows
 
 
@@ -159,19 +235,41 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     head = " | ".join(DATASETS.get(d, d) for d in datasets)
     cell = {(r["partition"], r["dataset"], r["variant"]): r for r in rows}
     out = []
-    for key, title in (("best", "Best test accuracy"), ("final", "Final test accuracy")):
+    for key, title in (("final", "Final test accuracy"),
+                       ("selected", "Test accuracy at the best-validation round")):
         for part in parts:
             out += [f"### {title} (%), {part}: mean(std) over seeds", "",
                     f"| method | {head} |", "|---" * (len(datasets) + 1) + "|"]
             for var in variant_order(r["variant"] for r in rows if r["partition"] == part):
-                vals = [fmt(c[key], c["complete"]) if (c := cell.get((part, d, var))) else "–"
-                        for d in datasets]
+                vals = [fmt(c[key], c["complete"], c["collapsed"] if key == "final" else 0)
+                        if (c := cell.get((part, d, var))) else "–" for d in datasets]
                 out.append(f"| {var} | " + " | ".join(vals) + " |")
             out.append("")
-    out += [seed_note(rows), ""]
+    out += [seed_note(rows) + " †n: n runs ended collapsed (one class predicted for more than "
+            "half of the test set).", ""]
+    pairs = paired(runs)
+    if pairs:
+        out += ["### Paired per-seed differences of final test accuracy (points)", "",
+                *paired_table(pairs, "interval"), ""]
+    semi = [r for r in rows if r["pl_accuracy"]]
+    if semi:
+        out += ["### Confident pseudo-labels and the collapse signal", "",
+                "| setting | method | confident pseudo-labels correct, % (mean over rounds) | "
+                "largest top-class share of test predictions, any round | collapsed runs |",
+                "|---|---|---|---|---|"]
+        for r in sorted(semi, key=lambda r: (r["setting"], variant_rank(r["variant"]))):
+            out.append(f"| {r['setting']} | {r['variant']} | {fmt(r['pl_accuracy'])} | "
+                       f"{r['max_top_class_share']:.2f} | {r['collapsed']} of {len(r['seeds'])} |")
+        pl_pairs = [p for p in paired([r for r in runs if r["pl_accuracy"] is not None],
+                                      "pl_accuracy") if p["a"].endswith("-FedDPL")
+                    or p["a"] == "FedDB"]
+        if pl_pairs:
+            out += ["", "Paired differences of confident pseudo-label accuracy (points):", "",
+                    *paired_table(pl_pairs, "interval")]
+        out.append("")
     abl = ablation(runs)
     if abl:
-        out += ["### Ablation: DPL and DMA on FedDB's client, best test accuracy (%)", "",
+        out += ["### Ablation: DPL and DMA on FedDB's client, final test accuracy (%)", "",
                 f"| partition | DPL | DMA | {head} |", "|---|---|---" + "|---" * len(datasets) + "|"]
         mark = lambda b: "✓" if b else "–"  # noqa: E731
         for part in parts:
@@ -200,13 +298,13 @@ def seed_note(rows: list[dict[str, Any]]) -> str:
 
 
 def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, bool]], list[float]]:
-    """Best accuracy per (partition, dataset, (DPL, DMA)) of FedDB's client, one value per seed (the
+    """Final accuracy per (partition, dataset, (DPL, DMA)) of FedDB's client, one value per seed (the
     same computation under two row names, e.g. FixMatch-FedDPL and FedDB w/o DMA, counts once)."""
     seen: dict[tuple, float] = {}
     for r in sorted(runs, key=lambda r: str(r["dir"])):
         k = ablation_key(r["cfg"])
         if k is not None:
-            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]), r["best"])
+            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]), r["final"])
     out: dict[tuple[str, str, tuple[bool, bool]], list[float]] = defaultdict(list)
     for (part, d, k, _), best in seen.items():
         out[(part, d, k)].append(best)
@@ -216,16 +314,17 @@ def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, boo
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["setting", "method", "seeds", "complete", "best_mean", "best_std",
-                    "final_mean", "final_std"])
+        w.writerow(["setting", "method", "seeds", "complete", "collapsed", "final_mean",
+                    "final_std", "selected_mean", "selected_std", "best_mean", "best_std"])
         settings = setting_order(r["setting"] for r in rows)
         for r in sorted(rows, key=lambda r: (settings.index(r["setting"]),
                                              variant_rank(r["variant"]))):
             bm, bs = mean_std([100 * v for v in r["best"]])
             fm, fs = mean_std([100 * v for v in r["final"]])
+            sm, ss = mean_std([100 * v for v in r["selected"]])
             num = lambda v: "" if math.isnan(v) else f"{v:.4f}"  # noqa: E731
             w.writerow([r["setting"], r["variant"], len(r["seeds"]), r["complete"],
-                        num(bm), num(bs), num(fm), num(fs)])
+                        r["collapsed"], num(fm), num(fs), num(sm), num(ss), num(bm), num(bs)])
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -328,8 +427,11 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(out / name)
 
-    curves("convergence.png", [("test accuracy", lambda x: x["test_accuracy"], "accuracy")],
-           "Convergence: test accuracy of the global model (mean ± std over seeds)")
+    curves("convergence.png", [("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
+                               ("collapse signal", lambda x: x.get("top_class_share"),
+                                "share of the most-predicted class")],
+           "Convergence: test accuracy of the global model and the share of its most-predicted "
+           "class (mean ± std over seeds; above 0.5 = collapsed)")
     curves("pseudo_labels.png",
            [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy"), "accuracy"),
             ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "fraction of unlabeled")],

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fssl.dma import dma_weights
+from fssl.methods import TRAINERS
 from fssl.train import cosine_lr
 
 STAT_SUFFIXES = ("running_mean", "running_var")
@@ -87,9 +88,15 @@ class WeightedAverage(FedAvg):
         tr = self.cfg["train"]
         return cosine_lr(tr["lr"], server_round, self.cfg["num_rounds"], tr["lr_schedule"])
 
+    def lambda_u_for(self, server_round: int) -> float:
+        """Unlabeled loss weight of round t: 0 during the warm-up rounds, lambda_u after."""
+        tr = self.cfg["train"]
+        return 0.0 if server_round <= tr["warmup_rounds"] else float(tr["lambda_u"])
+
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         config["server-round"] = server_round
         config["lr"] = self.lr_for(server_round)
+        config["lambda-u"] = self.lambda_u_for(server_round)
         config["run-config"] = self.cfg_json
         return config
 
@@ -183,9 +190,11 @@ class WeightedAverage(FedAvg):
                                  "loss_weights": res.loss, "weight_entropy": res.entropy,
                                  "weights": res.weights.tolist()}
         if self.cfg["server"]["weighting"] == "samples":
-            sizes = np.array([p["metrics"]["num_labeled"] + p["metrics"]["num_unlabeled"]
+            # n_m: the examples client m trains on (its labels alone for labels-only training)
+            unl = TRAINERS[self.cfg["method"]["trainer"]].uses_unlabeled
+            sizes = np.array([p["metrics"]["num_labeled"] + unl * p["metrics"]["num_unlabeled"]
                               for p in parsed], dtype=np.float64)
-            return sizes / sizes.sum(), {}
+            return sizes / max(sizes.sum(), 1.0), {}
         return np.full(n, 1.0 / n), {}
 
     def aggregate_train(self, server_round: int,
@@ -302,6 +311,7 @@ def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
         "pseudo_label_ratio": _num(metrics, "pseudo_label_ratio") or 0.0,
         "pseudo_label_accuracy_all": _num(metrics, "pseudo_label_accuracy_all"),
         "labeled_histogram": [int(x) for x in _floats(metrics, "labeled_histogram")],
+        "pseudo_label_histogram": [int(x) for x in _floats(metrics, "pseudo_label_histogram")],
         "loss_sup": _num(metrics, "loss_sup"),
         "loss_unsup": _num(metrics, "loss_unsup"),
         "train_seconds": _num(metrics, "train_seconds"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +10,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata,  # noqa: E402
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
                       MetricRecord, RecordDict)
 
 from fssl.config import compose  # noqa: E402
+from server_app.inprocess import make_metadata  # noqa: E402,F401
 
 TINY = ["fl.num_clients=4", "fl.fraction_train=0.5", "num_rounds=2", "dataset.num_labeled=200",
         "train.local_epochs=2", "train.tau=0.5"]
@@ -64,11 +64,6 @@ def flower_pids(marker: Path) -> list[int]:
     return pids
 
 
-def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
-                  reply_to: str = "") -> Metadata:
-    return Metadata(run_id=1, message_id=f"m{src}-{dst}-{time.time_ns()}", src_node_id=src,
-                    dst_node_id=dst, reply_to_message_id=reply_to, group_id="1",
-                    created_at=time.time(), ttl=3600.0, message_type=mtype)
 
 
 def make_instruction(arrays: ArrayRecord, config: ConfigRecord,

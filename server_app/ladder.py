@@ -1,0 +1,118 @@
+"""The sanity ladder: do the project's trainers learn, and does semi-supervised learning help?
+
+    python -m server_app.ladder --out runs/ladder                 # every rung, seed 0
+    python -m server_app.ladder --rungs central --labels 100 --modes minibatch,fullbatch
+
+Rungs (MNIST-10k unless --dataset/--data-path say otherwise), each run in process with the real
+ServerApp and ClientApp, its run directory under --out (complete runs are skipped, so an
+interrupted ladder resumes):
+- central: one client holding all training images, 100 and 40 labels: labels-only vs FixMatch, in
+  the mini-batch mode (8 rounds of 50 steps, batch 64, mu 7) and, with --modes, the paper's
+  full-batch mode (5 epochs a round of one step over all local data);
+- iid, dir0.3, dir0.1: the miniature's federated protocol (experiment=miniature, 20 clients):
+  FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB.
+Prints one table (final test accuracy, test accuracy at the best-validation round, the collapse
+signal) and writes it to <out>/ladder.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+METHODS = {"labels only": "method='fedavg'", "FixMatch": "method='fixmatch'",
+           "FixMatch-FedDPL": "method='fixmatch' dpl=true", "FedDB": "method='feddb'"}
+CENTRAL = "fl.num_clients=1 fl.fraction_train=1.0 fl.min_train_clients=1 checkpoint.every=0"
+MODES = {"minibatch": "train.mode=minibatch train.local_steps=50 train.batch_size=64 train.mu=7 "
+                      "num_rounds=8 train.warmup_rounds=0",
+         "fullbatch": "train.mode=fullbatch train.local_epochs=5 num_rounds=20 "
+                      "train.warmup_rounds=0"}
+FEDERATED = ("iid", "dir0.3", "dir0.1")
+
+
+def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
+    """(name, run-config) of every run the ladder asks for, in order."""
+    runs = []
+    for rung in rungs:
+        if rung == "central":
+            for n in labels:
+                for mode in modes:
+                    for name in ("labels only", "FixMatch"):
+                        runs.append({"rung": f"central, {mode}", "labels": n, "method": name,
+                                     "dir": f"central_{mode}_l{n}/{name.replace(' ', '_')}",
+                                     "run_config": f"{METHODS[name]} experiment='miniature' "
+                                     f"partition='iid' overrides='{CENTRAL} {MODES[mode]} "
+                                     f"dataset.num_labeled={n}'"})
+        elif rung in FEDERATED:
+            for name, rc in METHODS.items():
+                runs.append({"rung": f"federated, {rung}", "labels": 100, "method": name,
+                             "dir": f"federated_{rung}/{name.replace(' ', '_')}",
+                             "run_config": f"{rc} experiment='miniature' partition='{rung}'"})
+        else:
+            raise ValueError(f"unknown rung '{rung}': choose central, {', '.join(FEDERATED)}")
+    return runs
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| rung | labels | method | final test acc (%) | test acc at best-val round (%) | "
+           "top-class share (final) | collapsed |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["summary"]
+        sel = s.get("selected_test_accuracy")
+        out.append(f"| {r['rung']} | {r['labels']} | {r['method']} | "
+                   f"{100 * s['final_test_accuracy']:.2f} | "
+                   + (f"{100 * sel:.2f}" if sel is not None else "–")
+                   + f" | {s['final_top_class_share']:.2f} | {'yes' if s['collapsed'] else 'no'} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", default="runs/ladder")
+    ap.add_argument("--rungs", default="central,iid,dir0.3,dir0.1")
+    ap.add_argument("--labels", default="100,40", help="label counts of the central rung")
+    ap.add_argument("--modes", default="minibatch",
+                    help="training modes of the central rung: minibatch, fullbatch")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(PROJECT))
+    from fssl.config import ConfigError
+
+    from .inprocess import run_in_process
+    from .launch import parse_run_config
+    from .sweep import complete
+
+    try:
+        runs = plan(args.rungs.split(","), [int(n) for n in args.labels.split(",")],
+                    args.modes.split(","))
+        for mode in args.modes.split(","):
+            if mode not in MODES:
+                raise ValueError(f"unknown mode '{mode}': choose {', '.join(MODES)}")
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    done = []
+    for i, r in enumerate(runs, 1):
+        run_dir = out / r["dir"]
+        if not complete(run_dir):
+            print(f"[ladder] {i}/{len(runs)} {r['rung']}, {r['labels']} labels, {r['method']}",
+                  flush=True)
+            rc = parse_run_config(f"{r['run_config']} seed={args.seed} output-dir='{run_dir}'")
+            try:
+                run_in_process(rc)
+            except ConfigError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 2
+        done.append({**r, "summary": json.loads((run_dir / "summary.json").read_text())})
+    text = table(done)
+    (out / "ladder.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
