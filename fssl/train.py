@@ -68,6 +68,7 @@ class LocalTrainer:
         cl = self.tr["channels_last"]
         self.channels_last = cl is True or (cl == "auto" and accel)
         self.compiled: nn.Module | None = None
+        self.num_classes = cfg.get("data_meta", {}).get("num_classes", 0)     # fit: from APP-U
 
     # -- helpers ---------------------------------------------------------------------------
     def norm(self, x: torch.Tensor) -> torch.Tensor:

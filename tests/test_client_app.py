@@ -111,7 +111,7 @@ def test_wrn28_2_on_cifar10_files(tmp_path):
     write_cifar10(tmp_path)
     cfg = compose(["experiment=paper/cifar10_iid", f"dataset.path={tmp_path}",
                    "fl.num_clients=2", "dataset.num_labeled=20", "train.local_epochs=1",
-                   "train.tau=0.1"])
+                   "train.tau=0.1", "dataset.val_size=0"])
     torch.manual_seed(0)
     model = build_model(cfg["model"], 10, 3)
     config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(with_meta(cfg))})

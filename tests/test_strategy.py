@@ -13,7 +13,7 @@ K = 3
 
 
 def _cfg(*extra):
-    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", *extra])
+    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", "server.weighting=uniform", *extra])
 
 
 def _global():
