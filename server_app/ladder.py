@@ -10,7 +10,10 @@ interrupted ladder resumes):
   the mini-batch mode (8 rounds of 50 steps, batch 64, mu 7) and, with --modes, the paper's
   full-batch mode (5 epochs a round of one step over all local data);
 - iid, dir0.3, dir0.1: the miniature's federated protocol (experiment=miniature, 20 clients):
-  FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB.
+  FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB;
+- protocol: FixMatch on the miniature (δ=0.3) with one part of the CPU protocol put back as it was
+  before (batch-statistics BN, no warm-up, online pseudo-labels, the old full-batch lr-0.5 round,
+  uniform weights with server momentum, the global-average-pool CNN head): what each part is for.
 Prints one table (final test accuracy, test accuracy at the best-validation round, the collapse
 signal) and writes it to <out>/ladder.md.
 """
@@ -31,6 +34,14 @@ MODES = {"minibatch": "train.mode=minibatch train.local_steps=50 train.batch_siz
          "fullbatch": "train.mode=fullbatch train.local_epochs=5 num_rounds=20 "
                       "train.warmup_rounds=0"}
 FEDERATED = ("iid", "dir0.3", "dir0.1")
+PROTOCOL = {"as the miniature": "",
+            "batch-statistics BN": "model.norm=batchstat",
+            "no warm-up": "train.warmup_rounds=0",
+            "online pseudo-labels": "method.pseudo_labels=online",
+            "old full-batch round (5 clipped steps, lr 0.5)":
+                "train.mode=fullbatch train.local_epochs=5 train.lr=0.5",
+            "uniform weights, server momentum 0.5": "server.weighting=uniform server.momentum=0.5",
+            "global-average-pool CNN head": "model.hidden=0"}
 
 
 def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
@@ -51,28 +62,44 @@ def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
                 runs.append({"rung": f"federated, {rung}", "labels": 100, "method": name,
                              "dir": f"federated_{rung}/{name.replace(' ', '_')}",
                              "run_config": f"{rc} experiment='miniature' partition='{rung}'"})
+        elif rung == "protocol":
+            for i, (change, ov) in enumerate(PROTOCOL.items()):
+                runs.append({"rung": "protocol, dir0.3", "labels": 100,
+                             "method": f"FixMatch, {change}", "dir": f"protocol/{i}",
+                             "run_config": f"{METHODS['FixMatch']} experiment='miniature' "
+                             f"partition='dir0.3'" + (f" overrides='{ov}'" if ov else "")})
         else:
-            raise ValueError(f"unknown rung '{rung}': choose central, {', '.join(FEDERATED)}")
+            raise ValueError(f"unknown rung '{rung}': choose central, "
+                             f"{', '.join(FEDERATED)}, protocol")
     return runs
 
 
 def table(rows: list[dict]) -> str:
     out = ["| rung | labels | method | final test acc (%) | test acc at best-val round (%) | "
-           "top-class share (final) | collapsed |", "|---|---|---|---|---|---|---|"]
+           "top-class share: final / largest | confident pseudo-labels correct (%) | collapsed |",
+           "|---|---|---|---|---|---|---|---|"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.2f}"  # noqa: E731
     for r in rows:
         s = r["summary"]
-        sel = s.get("selected_test_accuracy")
         out.append(f"| {r['rung']} | {r['labels']} | {r['method']} | "
-                   f"{100 * s['final_test_accuracy']:.2f} | "
-                   + (f"{100 * sel:.2f}" if sel is not None else "–")
-                   + f" | {s['final_top_class_share']:.2f} | {'yes' if s['collapsed'] else 'no'} |")
+                   f"{pct(s['final_test_accuracy'])} | {pct(s.get('selected_test_accuracy'))} | "
+                   f"{s['final_top_class_share']:.2f} / {s['max_top_class_share']:.2f} | "
+                   f"{pct(r['pl_accuracy'])} | {'yes' if s['collapsed'] else 'no'} |")
     return "\n".join(out)
+
+
+def pseudo_label_accuracy(run_dir: Path) -> float | None:
+    """Mean over rounds of the pooled accuracy of the round's confident pseudo-labels."""
+    rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    vals = [r["pseudo_label_accuracy_pooled"] for r in rounds
+            if r.get("pseudo_label_accuracy_pooled") is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="runs/ladder")
-    ap.add_argument("--rungs", default="central,iid,dir0.3,dir0.1")
+    ap.add_argument("--rungs", default="central,iid,dir0.3,dir0.1,protocol")
     ap.add_argument("--labels", default="100,40", help="label counts of the central rung")
     ap.add_argument("--modes", default="minibatch",
                     help="training modes of the central rung: minibatch, fullbatch")
@@ -107,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
-        done.append({**r, "summary": json.loads((run_dir / "summary.json").read_text())})
+        done.append({**r, "summary": json.loads((run_dir / "summary.json").read_text()),
+                     "pl_accuracy": pseudo_label_accuracy(run_dir)})
     text = table(done)
     (out / "ladder.md").write_text(text + "\n")
     print(text)
