@@ -76,16 +76,24 @@ def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     out = ["| rung | labels | method | final test acc (%) | test acc at best-val round (%) | "
-           "top-class share: final / largest | confident pseudo-labels correct (%) | collapsed |",
+           "top-class share: final / largest in the second half | confident pseudo-labels correct (%) | collapsed |",
            "|---|---|---|---|---|---|---|---|"]
     pct = lambda v: "–" if v is None else f"{100 * v:.2f}"  # noqa: E731
     for r in rows:
         s = r["summary"]
         out.append(f"| {r['rung']} | {r['labels']} | {r['method']} | "
                    f"{pct(s['final_test_accuracy'])} | {pct(s.get('selected_test_accuracy'))} | "
-                   f"{s['final_top_class_share']:.2f} / {s['max_top_class_share']:.2f} | "
+                   f"{s['final_top_class_share']:.2f} / {late(r['run_dir']):.2f} | "
                    f"{pct(r['pl_accuracy'])} | {'yes' if s['collapsed'] else 'no'} |")
     return "\n".join(out)
+
+
+def late(run_dir: Path) -> float:
+    """Largest top-class share over the second half of the rounds (recomputed from the rounds)."""
+    from .recorder import run_summary
+
+    rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    return run_summary(rounds)["max_top_class_share_late"]
 
 
 def pseudo_label_accuracy(run_dir: Path) -> float | None:
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
-        done.append({**r, "summary": json.loads((run_dir / "summary.json").read_text()),
+        done.append({**r, "run_dir": run_dir,
+                     "summary": json.loads((run_dir / "summary.json").read_text()),
                      "pl_accuracy": pseudo_label_accuracy(run_dir)})
     text = table(done)
     (out / "ladder.md").write_text(text + "\n")

@@ -223,7 +223,8 @@ def _clean(obj: Any) -> Any:
 def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Headline figures of a run's rounds: final test accuracy, test accuracy at the round of best
     validation accuracy (model selection without the test set; the first such round on ties),
-    best test accuracy over rounds (for reference only), and the collapse signal."""
+    best test accuracy over rounds (for reference only), and the collapse signal: the final
+    model's, and the largest top-class share over all rounds and over the second half of them."""
     if not history:
         return {"final_test_accuracy": None, "rounds": 0}
     accs = [r["test_accuracy"] for r in history]
@@ -232,6 +233,7 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     sel = int(np.argmax([-1.0 if v is None else v for v in vals])) if any(
         v is not None for v in vals) else None
     shares = [r["top_class_share"] for r in history if r.get("top_class_share") is not None]
+    late = shares[len(shares) // 2:]         # the second half: past the near-random first rounds
     return {
         "final_test_accuracy": accs[-1],
         "final_val_accuracy": vals[-1],
@@ -241,6 +243,7 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "best_round": history[best]["round"],
         "final_top_class_share": history[-1].get("top_class_share"),
         "max_top_class_share": max(shares) if shares else None,
+        "max_top_class_share_late": max(late) if late else None,
         "collapsed": bool(history[-1].get("collapsed", False)),
         "rounds": len(accs),
     }

@@ -86,6 +86,7 @@ def test_run_summary_selects_by_validation_not_test():
     assert s["selected_round"] == 2 and s["selected_test_accuracy"] == 0.7
     assert s["final_test_accuracy"] == 0.6 and s["best_test_accuracy"] == 0.9
     assert s["max_top_class_share"] == 0.6 and s["collapsed"] is False      # final round decides
+    assert s["max_top_class_share_late"] == 0.6                              # rounds 2-3
 
 
 def test_metrics_jsonl_carries_the_collapse_signal_validation_and_pseudo_label_classes(
