@@ -12,8 +12,8 @@ interrupted ladder resumes):
 - iid, dir0.3, dir0.1: the miniature's federated protocol (experiment=miniature, 20 clients):
   FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB;
 - protocol: FixMatch on the miniature (δ=0.3) with one part of the CPU protocol put back as it was
-  before (batch-statistics BN, no warm-up, online pseudo-labels, the old full-batch lr-0.5 round,
-  uniform weights with server momentum, the global-average-pool CNN head): what each part is for.
+  before (batch-statistics BN, no warm-up, the old full-batch lr-0.5 round, the global-average-pool
+  CNN head): what each part is for.
 Prints one table (final test accuracy, test accuracy at the best-validation round, the collapse
 signal) and writes it to <out>/ladder.md.
 """
@@ -37,10 +37,8 @@ FEDERATED = ("iid", "dir0.3", "dir0.1")
 PROTOCOL = {"as the miniature": "",
             "batch-statistics BN": "model.norm=batchstat",
             "no warm-up": "train.warmup_rounds=0",
-            "online pseudo-labels": "method.pseudo_labels=online",
             "old full-batch round (5 clipped steps, lr 0.5)":
                 "train.mode=fullbatch train.local_epochs=5 train.lr=0.5",
-            "uniform weights, server momentum 0.5": "server.weighting=uniform server.momentum=0.5",
             "global-average-pool CNN head": "model.hidden=0"}
 
 
