@@ -12,8 +12,8 @@ interrupted ladder resumes):
 - iid, dir0.3, dir0.1: the miniature's federated protocol (experiment=miniature, 20 clients):
   FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB;
 - protocol: FixMatch on the miniature (δ=0.3) with one part of the CPU protocol put back as it was
-  before (batch-statistics BN, no warm-up, the old full-batch lr-0.5 round, the global-average-pool
-  CNN head): what each part is for.
+  before (batch-statistics BN, the old full-batch lr-0.5 round, the global-average-pool CNN head,
+  no warm-up): what each part is for.
 Prints one table (final test accuracy, test accuracy at the best-validation round, the collapse
 signal) and writes it to <out>/ladder.md.
 """
@@ -36,10 +36,10 @@ MODES = {"minibatch": "train.mode=minibatch train.local_steps=50 train.batch_siz
 FEDERATED = ("iid", "dir0.3", "dir0.1")
 PROTOCOL = {"as the miniature": "",
             "batch-statistics BN": "model.norm=batchstat",
-            "no warm-up": "train.warmup_rounds=0",
             "old full-batch round (5 clipped steps, lr 0.5)":
                 "train.mode=fullbatch train.local_epochs=5 train.lr=0.5",
-            "global-average-pool CNN head": "model.hidden=0"}
+            "global-average-pool CNN head": "model.hidden=0",
+            "no warm-up": "train.warmup_rounds=0"}
 
 
 def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
