@@ -54,6 +54,6 @@ def prediction_stats(pred: np.ndarray, conf: np.ndarray, target: np.ndarray,
     ece = sum(abs(correct[edges == b].mean() - conf[edges == b].mean()) * (edges == b).sum()
               for b in range(bins) if (edges == b).any()) / max(len(pred), 1)
     return {"predicted_histogram": hist.tolist(), "top_class_share": float(share.max()),
-            "prediction_entropy": float(-(nz * np.log2(nz)).sum()), "ece": float(ece),
+            "prediction_entropy": abs(float((nz * np.log2(nz)).sum())), "ece": float(ece),
             "mean_confidence": float(conf.mean()) if len(conf) else 0.0,
             "collapsed": bool(share.max() > COLLAPSE_SHARE)}
