@@ -250,7 +250,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     pairs = paired(runs)
     if pairs:
         out += ["### Paired per-seed differences of final test accuracy (points)", "",
-                *paired_table(pairs, "interval"), ""]
+                *paired_table(pairs, "the interval is"), ""]
     semi = [r for r in rows if r["pl_accuracy"]]
     if semi:
         out += ["### Confident pseudo-labels and the collapse signal", "",
@@ -266,7 +266,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
                     or p["a"] == "FedDB"]
         if pl_pairs:
             out += ["", "Paired differences of confident pseudo-label accuracy (points):", "",
-                    *paired_table(pl_pairs, "interval")]
+                    *paired_table(pl_pairs, "the interval is")]
         out.append("")
     abl = ablation(runs)
     if abl:
