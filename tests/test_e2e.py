@@ -30,7 +30,7 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
     res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{out}' overrides='{TINY}'")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout
-    assert "[feddb] done: best test acc" in res.stdout and f"run directory: {out}" in res.stdout
+    assert "[feddb] done: final test acc" in res.stdout and f"run directory: {out}" in res.stdout
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
