@@ -14,6 +14,7 @@ import json
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.attacks import apply_attack, attack_of
 from fssl.methods import make_trainer
 from fssl.runtime import client_data_for, model_for
 from fssl.train import evaluate as evaluate_model
@@ -50,8 +51,12 @@ def train(msg: Message, context: Context) -> Message:
     if keep:
         context.state["optimizer"] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
-    metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    attack = attack_of(context.node_config)             # tests and the attack benchmark only
+    if attack:
+        state, metrics = apply_attack(attack, msg.content["arrays"].to_torch_state_dict(),
+                                      state, metrics)
+    metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 

@@ -184,11 +184,30 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(isinstance(dma["steps"], int) and dma["steps"] >= 0, "dma.steps", dma["steps"],
              "an integer >= 0")
     _require(_number(dma["lr"]) and dma["lr"] > 0, "dma.lr", dma["lr"], "a number > 0")
+    _require(dma["cap"] is None or (_number(dma["cap"]) and dma["cap"] >= 1), "dma.cap",
+             dma["cap"], "a number >= 1 (each weight <= cap/m), or null for unbounded DMA")
     _require(_number(server["lr"]) and server["lr"] > 0, "server.lr", server["lr"], "a number > 0")
     _require(_number(server["momentum"]) and 0 <= server["momentum"] < 1, "server.momentum",
              server["momentum"], "a number in [0, 1)")
     _require(server["weighting"] in ("uniform", "samples"), "server.weighting",
              server["weighting"], "uniform, samples")
+    rb = server["robust"]
+    _require(rb["clip"] is None or (_number(rb["clip"]) and rb["clip"] >= 1), "server.robust.clip",
+             rb["clip"], "a number >= 1 (x the median update norm), or null")
+    _require(rb["rule"] in ("mean", "median", "trimmed_mean", "krum", "multikrum"),
+             "server.robust.rule", rb["rule"], "mean, median, trimmed_mean, krum, multikrum")
+    _require(_number(rb["trim"]) and 0 <= rb["trim"] < 0.5, "server.robust.trim", rb["trim"],
+             "a number in [0, 0.5)")
+    _require(isinstance(rb["num_malicious"], int) and rb["num_malicious"] >= 0,
+             "server.robust.num_malicious", rb["num_malicious"], "an integer >= 0")
+    _require(rb["num_selected"] is None or (isinstance(rb["num_selected"], int)
+                                            and rb["num_selected"] >= 1),
+             "server.robust.num_selected", rb["num_selected"], "an integer >= 1, or null")
+    _require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
+             "partition, reported")
+    _require(server["max_samples"] is None or (isinstance(server["max_samples"], int)
+                                               and server["max_samples"] >= 1),
+             "server.max_samples", server["max_samples"], "an integer >= 1, or null")
     _require(part["mode"] in ("iid", "dirichlet"), "partition.mode", part["mode"],
              "iid, dirichlet")
     if part["mode"] == "dirichlet":

@@ -8,10 +8,16 @@ Modes:
 - `literal`: Algorithm 1 as printed: beta <- beta - lr * grad L(beta); beta <- softmax(beta), from
   uniform. Softmax of values in [0, 1] keeps beta near uniform (the ablation that shows it).
 - `exact`: the minimiser over the simplex (accelerated projected gradient on L^2).
+
+Bounded DMA (`cap` = kappa): every beta_m <= kappa/m, so no client, however its APP-U looks, takes more
+than kappa/m of the aggregate (kappa = inf: the paper's unbounded DMA). `exact` minimises over the
+capped simplex; `softmax` and `literal` rescale their iterate, mass above the cap going to the other
+clients in proportion (`cap_scale`), so the cap holds inside the optimisation, not only after it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +30,7 @@ class DMAResult:
     loss_uniform: float
     loss: float
     entropy: float
+    at_cap: int = 0          # clients whose weight the cap holds down
 
 
 def dma_loss(beta: np.ndarray, app_u: np.ndarray) -> float:
@@ -36,14 +43,34 @@ def _loss_t(beta: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return torch.sqrt((diff * diff).sum())
 
 
+def cap_scale(beta: torch.Tensor, upper: float) -> torch.Tensor:
+    """beta' = min(upper, c_i * beta) on the simplex: weights over `upper` are set to it and the
+    excess is spread over the others in proportion to their weights (differentiable; needs
+    upper * m >= 1)."""
+    if not math.isfinite(upper) or float(beta.detach().max()) <= upper:
+        return beta
+    fixed = torch.zeros_like(beta, dtype=torch.bool)
+    out = beta
+    for _ in range(len(beta)):
+        free_mass = 1.0 - upper * fixed.sum()
+        free_sum = torch.where(fixed, torch.zeros_like(beta), beta).sum()
+        scaled = beta * free_mass / free_sum.clamp_min(1e-300)
+        out = torch.where(fixed, torch.full_like(beta, upper), scaled)
+        over = (~fixed) & (out > upper)
+        if not bool(over.any()):
+            break
+        fixed = fixed | over
+    return out
+
+
 def solve_softmax(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
-                  optimizer: str = "sgd") -> np.ndarray:
+                  optimizer: str = "sgd", upper: float = math.inf) -> np.ndarray:
     p = torch.as_tensor(app_u, dtype=torch.float64)
     theta = torch.zeros(p.shape[0], dtype=torch.float64, requires_grad=True)
     opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)([theta], lr=lr)
     best_beta, best_loss = torch.softmax(theta.detach(), 0), float("inf")
     for step in range(steps + 1):
-        beta = torch.softmax(theta, 0)
+        beta = cap_scale(torch.softmax(theta, 0), upper)
         loss = _loss_t(beta, p)
         if loss.item() < best_loss:
             best_loss, best_beta = loss.item(), beta.detach().clone()
@@ -55,7 +82,8 @@ def solve_softmax(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
     return best_beta.numpy()
 
 
-def solve_literal(app_u: np.ndarray, steps: int = 100, lr: float = 1.0) -> np.ndarray:
+def solve_literal(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
+                  upper: float = math.inf) -> np.ndarray:
     p = torch.as_tensor(app_u, dtype=torch.float64)
     beta = torch.full((p.shape[0],), 1.0 / p.shape[0], dtype=torch.float64)
     for _ in range(steps):
@@ -64,7 +92,7 @@ def solve_literal(app_u: np.ndarray, steps: int = 100, lr: float = 1.0) -> np.nd
         if loss.item() == 0.0:
             break
         (grad,) = torch.autograd.grad(loss, beta)
-        beta = torch.softmax(beta.detach() - lr * grad, 0)
+        beta = cap_scale(torch.softmax(beta.detach() - lr * grad, 0), upper)
     return beta.detach().numpy()
 
 
@@ -76,7 +104,26 @@ def project_simplex(v: np.ndarray) -> np.ndarray:
     return np.maximum(v - css[rho] / (rho + 1.0), 0.0)
 
 
-def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13) -> np.ndarray:
+def project_capped_simplex(v: np.ndarray, upper: float) -> np.ndarray:
+    """Euclidean projection onto {0 <= w <= upper, sum w = 1}: w = clip(v - t, 0, upper) with the
+    shift t found by bisection (sum is monotone in t); the plain simplex when upper is inf."""
+    if not math.isfinite(upper):
+        return project_simplex(v)
+    lo, hi = float(v.min()) - upper, float(v.max())       # sum >= 1 at lo (m*upper >= 1), 0 at hi
+    for _ in range(200):
+        t = 0.5 * (lo + hi)
+        if np.clip(v - t, 0.0, upper).sum() > 1.0:
+            lo = t
+        else:
+            hi = t
+        if hi - lo < 1e-15:
+            break
+    w = np.clip(v - 0.5 * (lo + hi), 0.0, upper)
+    return w / w.sum()
+
+
+def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13,
+                upper: float = math.inf) -> np.ndarray:
     p = np.asarray(app_u, dtype=np.float64)
     m, k = p.shape
     target = np.full(k, 1.0 / k)
@@ -85,7 +132,7 @@ def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13) -> np
     y, t = beta.copy(), 1.0
     for _ in range(iters):
         grad = 2.0 * p @ (y @ p - target)
-        nxt = project_simplex(y - grad / lipschitz)
+        nxt = project_capped_simplex(y - grad / lipschitz, upper)
         t_next = (1 + np.sqrt(1 + 4 * t * t)) / 2
         y = nxt + (t - 1) / t_next * (nxt - beta)
         if np.abs(nxt - beta).max() < tol:
@@ -96,19 +143,30 @@ def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13) -> np
 
 
 def dma_weights(app_u: np.ndarray, mode: str = "softmax", steps: int = 100, lr: float = 1.0,
-                optimizer: str = "sgd") -> DMAResult:
+                optimizer: str = "sgd", cap: float | None = None) -> DMAResult:
+    """DMA's weights for the rows of `app_u`; `cap` = kappa bounds each at kappa/m (None or inf:
+    unbounded; kappa >= 1, since the weights must still sum to 1)."""
     app_u = np.asarray(app_u, dtype=np.float64)
     m = app_u.shape[0]
+    kappa = math.inf if cap is None else float(cap)
+    if kappa < 1:
+        raise ValueError(f"dma.cap={cap} is below 1: m weights of at most cap/m cannot sum to 1; "
+                         "use a cap >= 1 (e.g. 2) or null for the paper's unbounded DMA")
+    upper = kappa / m
     uniform = np.full(m, 1.0 / m)
     if mode == "softmax":
-        beta = solve_softmax(app_u, steps, lr, optimizer)
+        beta = solve_softmax(app_u, steps, lr, optimizer, upper)
     elif mode == "literal":
-        beta = solve_literal(app_u, steps, lr)
+        beta = solve_literal(app_u, steps, lr, upper)
     elif mode == "exact":
-        beta = solve_exact(app_u)
+        beta = solve_exact(app_u, upper=upper)
     else:
         raise ValueError(f"unknown dma.mode '{mode}': choose softmax, literal, exact")
     beta = beta / beta.sum()
+    if math.isfinite(upper):
+        beta = np.minimum(beta, upper)                    # rounding only: the solvers respect it
+        beta = beta / beta.sum()
     nz = beta > 0
     ent = float(-np.sum(beta[nz] * np.log(beta[nz])))
-    return DMAResult(beta, dma_loss(uniform, app_u), dma_loss(beta, app_u), ent)
+    at_cap = int(np.sum(beta >= upper * (1 - 1e-6))) if math.isfinite(upper) else 0
+    return DMAResult(beta, dma_loss(uniform, app_u), dma_loss(beta, app_u), ent, at_cap)

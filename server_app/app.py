@@ -85,10 +85,14 @@ def main(grid: Grid, context: Context) -> None:
     device = resolve_device(cfg["device"])
     ds = dataset_for(cfg)
     cfg["data_meta"] = data_meta(ds)
+    part = partition_for(cfg)
     if resume_dir is None:
-        save_partition(partition_for(cfg), ds.y_train, run_dir)
+        save_partition(part, ds.y_train, run_dir)
 
     strategy = make_strategy(cfg, ds.num_classes)
+    strategy.set_partition_sizes([len(i) for i in part.labeled], [len(i) for i in part.unlabeled])
+    if strategy.max_samples is None:
+        strategy.max_samples = len(ds.y_train)
     strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"]))
 
     torch.manual_seed(cfg["seed"])

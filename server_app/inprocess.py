@@ -40,11 +40,15 @@ def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
 
 
 class LocalGrid(Grid):
-    def __init__(self, client_app, num_nodes: int, hook: Callable | None = None) -> None:
+    def __init__(self, client_app, num_nodes: int, hook: Callable | None = None,
+                 node_config: dict[int, dict] | None = None) -> None:
+        """`node_config`: extra node_config entries by partition id (e.g. a test's attack)."""
         self.client_app, self.hook = client_app, hook
+        extra = node_config or {}
         self.contexts = {
             5000 + 17 * i: Context(run_id=1, node_id=5000 + 17 * i,
-                                   node_config={"partition-id": i, "num-partitions": num_nodes},
+                                   node_config={"partition-id": i, "num-partitions": num_nodes,
+                                                **extra.get(i, {})},
                                    state=RecordDict(), run_config={})
             for i in range(num_nodes)}
 
@@ -86,7 +90,7 @@ class LocalGrid(Grid):
 
 
 def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callable | None = None,
-                   app=None) -> None:
+                   app=None, node_config: dict[int, dict] | None = None) -> None:
     """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
     from client_app.app import app as client_app
     from fssl.config import resolve
@@ -97,7 +101,7 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
     if num_nodes is None:
         num_nodes = resolve(rc)[0]["fl"]["num_clients"]
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    server_app(LocalGrid(app or client_app, num_nodes, hook), ctx)
+    server_app(LocalGrid(app or client_app, num_nodes, hook, node_config), ctx)
 
 
 def main(argv: list[str] | None = None) -> int:

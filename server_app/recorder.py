@@ -152,6 +152,7 @@ class RoundRecorder:
             "failures": info.get("failures", []),
             "clients": clients,
             "dma": info.get("dma"),
+            "robust": info.get("robust"),          # norm bound and rule (strategy/robust.py)
             "gradient_diversity": info.get("gradient_diversity"),
             "groups": info.get("groups"),          # FedRGD: partition ids per group
             "helpers": info.get("helpers"),        # FedMatch: helper partition ids per client

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,8 @@ from flwr.serverapp.strategy import FedAvg
 from fssl.dma import dma_weights
 from fssl.methods import TRAINERS
 from fssl.train import cosine_lr
+
+from . import robust
 
 STAT_SUFFIXES = ("running_mean", "running_var")
 
@@ -59,6 +61,27 @@ class WeightedAverage(FedAvg):
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.last_round: dict[str, Any] = {}
+        self.known_sizes: dict[int, tuple[int, int]] = {}   # pid -> (n_l, n_u), the server's own
+        self.max_samples: int | None = cfg["server"]["max_samples"]
+
+    def set_partition_sizes(self, labeled: list[int], unlabeled: list[int]) -> None:
+        """The sizes of the server's own partition (`server.sizes=partition`)."""
+        self.known_sizes = {pid: (int(n_l), int(n_u))
+                            for pid, (n_l, n_u) in enumerate(zip(labeled, unlabeled))}
+
+    def trusted_sizes(self, metrics: dict[str, Any]) -> tuple[int, int]:
+        """(n_l, n_u) the aggregation may use for a reply: the partition's own counts, or the
+        reported ones clipped to server.max_samples. A reply cannot buy weight by claiming more."""
+        pid = metrics["partition_id"]
+        if self.cfg["server"]["sizes"] == "partition" and pid in self.known_sizes:
+            n_l, n_u = self.known_sizes[pid]
+            if (metrics["num_labeled"], metrics["num_unlabeled"]) != (n_l, n_u):
+                log(WARNING, "partition %s reports %s labeled / %s unlabeled, its partition holds "
+                    "%s / %s: the partition's counts are used", pid, metrics["num_labeled"],
+                    metrics["num_unlabeled"], n_l, n_u)
+            return n_l, n_u
+        cap = self.max_samples if self.max_samples is not None else math.inf
+        return int(min(metrics["num_labeled"], cap)), int(min(metrics["num_unlabeled"], cap))
 
     # -- sampling --------------------------------------------------------------------------
     def bind_nodes(self, node_of: dict[int, int]) -> None:
@@ -185,15 +208,20 @@ class WeightedAverage(FedAvg):
         d = self.cfg["dma"]
         if d["enabled"]:
             res = dma_weights(np.stack([p["app_u"] for p in parsed]), d["mode"], d["steps"],
-                              d["lr"], d["optimizer"])
+                              d["lr"], d["optimizer"], d["cap"])
+            if res.at_cap:
+                log(INFO, "round %s: DMA cap binds: %s of %s clients held at dma.cap/m = %.3f",
+                    self.last_round.get("round"), res.at_cap, n, d["cap"] / n)
             return res.weights, {"mode": d["mode"], "loss_uniform": res.loss_uniform,
                                  "loss_weights": res.loss, "weight_entropy": res.entropy,
-                                 "weights": res.weights.tolist()}
+                                 "weights": res.weights.tolist(), "cap": d["cap"],
+                                 "at_cap": res.at_cap}
         if self.cfg["server"]["weighting"] == "samples":
             # n_m: the examples client m trains on (its labels alone for labels-only training)
             unl = TRAINERS[self.cfg["method"]["trainer"]].uses_unlabeled
-            sizes = np.array([p["metrics"]["num_labeled"] + unl * p["metrics"]["num_unlabeled"]
-                              for p in parsed], dtype=np.float64)
+            sizes = np.array([n_l + unl * n_u for n_l, n_u in
+                              (self.trusted_sizes(p["metrics"]) for p in parsed)],
+                             dtype=np.float64)
             return sizes / max(sizes.sum(), 1.0), {}
         return np.full(n, 1.0 / n), {}
 
@@ -245,19 +273,53 @@ class WeightedAverage(FedAvg):
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         """Hook for server-side caches built from this round's valid replies."""
 
+    def defend(self, client_arrays: list[dict[str, np.ndarray]],
+               weights: np.ndarray) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+        """The norm bound and Krum selection of `server.robust` (strategy/robust.py); what they
+        did goes to metrics.jsonl as `robust`."""
+        assert self.global_arrays is not None
+        rb = self.cfg["server"]["robust"]
+        diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
+        if rb["clip"] is not None and len(client_arrays) > 1:
+            client_arrays, info = robust.clip_updates(self.global_arrays, client_arrays,
+                                                      rb["clip"])
+            diag.update(info)
+            if info["clipped"]:
+                log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
+                    "norm)", self.last_round.get("round"), len(info["clipped"]),
+                    info["norm_bound"], rb["clip"])
+        if rb["rule"] in ("krum", "multikrum"):
+            f = rb["num_malicious"]
+            k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(client_arrays) - f)
+            keep = robust.krum_select(client_arrays, f, k)
+            total = float(np.sum(weights))
+            kept = np.asarray(weights, dtype=np.float64)[keep]
+            weights = (kept * total / kept.sum() if kept.sum() > 0
+                       else np.full(len(keep), total / len(keep)))
+            client_arrays = [client_arrays[i] for i in keep]
+            diag["selected"] = keep
+        self.last_round["robust"] = diag
+        return client_arrays, weights
+
     def server_update(self, client_arrays: list[dict[str, np.ndarray]],
                       weights: np.ndarray) -> dict[str, np.ndarray]:
         assert self.global_arrays is not None
         s, mu = self.cfg["server"]["lr"], self.cfg["server"]["momentum"]
+        client_arrays, weights = self.defend(client_arrays, weights)
+        rule, trim = self.cfg["server"]["robust"]["rule"], self.cfg["server"]["robust"]["trim"]
         rest = 1.0 - float(np.sum(weights))          # weight left on the global model (FedRGD)
         new: dict[str, np.ndarray] = {}
         for key, old in self.global_arrays.items():
             if not np.issubdtype(old.dtype, np.floating):      # e.g. num_batches_tracked
                 new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
                 continue
-            avg = sum(w * a[key].astype(np.float64) for w, a in zip(weights, client_arrays))
-            if abs(rest) > 1e-12:
-                avg = avg + rest * old.astype(np.float64)
+            if rule in ("median", "trimmed_mean"):              # no weights: DMA cannot apply
+                avg = robust.combine(np.stack([a[key].astype(np.float64) for a in client_arrays]),
+                                     weights, rule, trim)
+            else:
+                avg = sum(w * a[key].astype(np.float64) for w, a in zip(weights, client_arrays))
+                if abs(rest) > 1e-12:
+                    avg = avg + rest * old.astype(np.float64)
             if key.endswith(STAT_SUFFIXES):
                 new[key] = avg.astype(old.dtype)
                 continue

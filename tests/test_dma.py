@@ -69,3 +69,64 @@ def test_project_simplex():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="softmax, literal, exact"):
         dma_weights(np.eye(2), "bogus")
+
+
+def uniform_reporter_among_honest(seed=0, honest=4, k=10):
+    """Four clients with Dirichlet(0.3)-skewed APP-U and a fifth reporting the uniform vector."""
+    rng = np.random.default_rng(seed)
+    return np.vstack([rng.dirichlet(np.full(k, 0.3), size=honest), np.full(k, 1.0 / k)])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unbounded_dma_hands_the_aggregate_to_a_uniform_reporter(seed):
+    p = uniform_reporter_among_honest(seed)
+    assert dma_weights(p, "softmax", cap=None).weights[-1] > 0.8
+    assert dma_weights(p, "exact", cap=None).weights[-1] == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["softmax", "literal", "exact"])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_cap_bounds_every_weight_in_every_mode(mode, seed):
+    p = uniform_reporter_among_honest(seed)
+    res = dma_weights(p, mode, cap=2.0)
+    assert res.weights.max() <= 2.0 / 5 + 1e-9
+    assert res.weights.min() >= 0 and res.weights.sum() == pytest.approx(1)
+    if mode != "literal":                      # literal stays near uniform: the cap never binds
+        assert res.at_cap == 1 and res.weights[-1] == pytest.approx(0.4)
+
+
+def test_capped_exact_is_the_optimum_over_the_capped_simplex():
+    p = uniform_reporter_among_honest(1)
+    res = dma_weights(p, "exact", cap=2.0)
+    rng = np.random.default_rng(0)
+    for _ in range(300):                       # no random feasible point does better
+        w = rng.dirichlet(np.ones(5))
+        if w.max() <= 0.4:
+            assert res.loss <= dma_loss(w, p) + 1e-9
+
+
+def test_capped_projection_is_the_nearest_feasible_point():
+    from fssl.dma import project_capped_simplex
+
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        v = rng.normal(size=6) * 2
+        w = project_capped_simplex(v, 0.3)
+        assert w.sum() == pytest.approx(1) and w.min() >= 0 and w.max() <= 0.3 + 1e-12
+        for _ in range(40):
+            z = rng.dirichlet(np.ones(6))
+            if z.max() <= 0.3:
+                assert np.linalg.norm(v - w) <= np.linalg.norm(v - z) + 1e-9
+
+
+def test_a_cap_that_does_not_bind_changes_nothing():
+    p = skewed_app_u(seed=4)
+    for mode in ("softmax", "literal", "exact"):
+        free = dma_weights(p, mode, cap=None)
+        loose = dma_weights(p, mode, cap=free.weights.max() * len(p) * 1.01)
+        assert np.allclose(free.weights, loose.weights, atol=1e-9) and loose.at_cap == 0
+
+
+def test_a_cap_below_one_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="cap >= 1"):
+        dma_weights(skewed_app_u(), "softmax", cap=0.5)

@@ -1,0 +1,79 @@
+"""Robust aggregation, for every method and composable with DMA and server momentum.
+
+- Norm bound (`server.robust.clip` = c): each client's update D_m = w_m - w is scaled down to at most
+  c x the round's median update norm, so a reply of w + 1000 D moves the model no further than an
+  honest one could.
+- Rules (`server.robust.rule`): `mean` (the weighted average: DMA's or n_m/N weights), `median`
+  and `trimmed_mean` (coordinate-wise; they have no weights, so DMA cannot steer them), `krum` and
+  `multikrum` (keep the clients closest to their neighbours, then the weighted average over them,
+  weights renormalised: DMA composes).
+Flower's own pieces are used where its installed version has them as functions: `trim_mean`
+(FedTrimmedAvg) and `compute_distances` (MultiKrum's squared distances). Its median and Krum
+selection live inside strategy methods, so the few lines are written here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from flwr.serverapp.strategy.multikrum import compute_distances
+
+STAT_SUFFIXES = ("running_mean", "running_var")
+RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum")
+
+
+def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
+    return [k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating)]
+
+
+def update_norms(global_arrays: dict[str, np.ndarray],
+                 client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
+    keys = float_keys(global_arrays)
+    return np.array([np.sqrt(sum(float(np.vdot(d, d)) for d in
+                                 (a[k].astype(np.float64) - global_arrays[k] for k in keys)))
+                     for a in client_arrays])
+
+
+def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
+                 c: float) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """Scale every update D_m down to norm <= c x median_m |D_m| (floating arrays only)."""
+    norms = update_norms(global_arrays, client_arrays)
+    bound = c * float(np.median(norms))
+    out, clipped = [], []
+    for i, (a, n) in enumerate(zip(client_arrays, norms)):
+        if n <= bound or n == 0:
+            out.append(a)
+            continue
+        scale = bound / n
+        clipped.append(i)
+        out.append({k: (global_arrays[k] + scale * (v.astype(np.float64) - global_arrays[k])
+                        ).astype(v.dtype) if k in global_arrays and
+                    np.issubdtype(v.dtype, np.floating) else v for k, v in a.items()})
+    return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
+
+
+def krum_select(client_arrays: list[dict[str, np.ndarray]], num_malicious: int,
+                num_selected: int) -> list[int]:
+    """(Multi-)Krum: score each client by the summed squared distance to its n - f - 2 nearest
+    others; keep the `num_selected` lowest scores (1: Krum)."""
+    n = len(client_arrays)
+    if n <= 2:
+        return list(range(n))
+    records = [ArrayRecord([np.ascontiguousarray(a[k]) for k in float_keys(a)])
+               for a in client_arrays]
+    dist = compute_distances(records)
+    closest = max(1, n - num_malicious - 2)
+    scores = [float(np.sort(np.delete(row, i))[:closest].sum()) for i, row in enumerate(dist)]
+    return sorted(int(i) for i in np.argsort(scores, kind="stable")[:max(1, min(num_selected, n))])
+
+
+def combine(stack: np.ndarray, weights: np.ndarray, rule: str, trim: float) -> np.ndarray:
+    """One array's aggregate over clients (stack: clients first); `mean` is the weighted sum."""
+    if rule == "median":
+        return np.median(stack, axis=0)
+    if rule == "trimmed_mean":
+        return trim_mean(stack, trim)
+    return np.tensordot(weights, stack, axes=1)
