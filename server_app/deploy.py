@@ -129,8 +129,8 @@ class LocalDeployment:
         self.certs = None if insecure else make_certs(self.workdir / "certs",
                                                       ["localhost", "127.0.0.1"])
 
-    def _start(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        env = dict(self.env, FLWR_HOME=str(self.workdir / f"home-{name}"))
+    def _start(self, name: str, cmd: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+        env = dict(self.env, FLWR_HOME=str(self.workdir / f"home-{name}"), **(env_extra or {}))
         proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stderr=subprocess.STDOUT,
                                 stdout=open(self.logs / f"{name}.log", "w"))
         self.procs[name] = proc
@@ -161,9 +161,11 @@ class LocalDeployment:
         if reg.returncode != 0:
             raise RuntimeError(f"registering {key.name}.pub failed:\n{reg.stdout}{reg.stderr}")
 
-    def start_supernode(self, pid: int, num: int, data_file: Path | None,
-                        key: Path | None) -> subprocess.Popen:
-        node_config = f"partition-id={pid} num-partitions={num}"
+    def start_supernode(self, pid: int, num: int, data_file: Path | None, key: Path | None,
+                        extra_config: str = "", env_extra: dict | None = None) -> subprocess.Popen:
+        """`extra_config`/`env_extra`: more node_config and environment (the attack test)."""
+        node_config = f"partition-id={pid} num-partitions={num}" + (
+            f" {extra_config}" if extra_config else "")
         if data_file is not None:
             node_config += f" data-path='{data_file}'"
         cmd = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
@@ -174,7 +176,7 @@ class LocalDeployment:
         else:
             cmd += ["--root-certificates", str(self.certs["ca"]),
                     "--auth-supernode-private-key", str(key)]
-        return self._start(f"supernode_{pid}", cmd)
+        return self._start(f"supernode_{pid}", cmd, env_extra)
 
     def submit(self, run_config: dict) -> int:
         cmd = ["run", ".", "deploy", "--format", "json"]

@@ -49,6 +49,39 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
 
 
 @pytest.mark.slow
+def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
+    """TLS + SuperNode auth, three registered nodes; node 0 sends w + 1000 (w_0 - w) each round."""
+    from client_app.attacks import ENV
+    from server_app.deploy import export_data
+
+    out = tmp_path / "run"
+    rc = {"method": "feddb", "num-server-rounds": 2, "seed": 2, "output-dir": str(out),
+          "overrides": TINY}
+    files = export_data(rc, tmp_path / "w" / "data")
+    dep = LocalDeployment(tmp_path / "w")
+    try:
+        dep.start_superlink()
+        keys = make_keys(dep.workdir / "keys", 3)
+        for key in keys:
+            dep.register(key)
+        for i in range(3):
+            attack = {"extra_config": "attack='scaled_update'", "env_extra": {ENV: "1"}}
+            dep.start_supernode(i, 3, files[i], keys[i], **(attack if i == 0 else {}))
+        status = dep.follow(dep.submit(rc))
+        assert status["status"] == "finished:completed", status
+    finally:
+        dep.close()
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 2
+    for r in recs:                 # replies sorted by partition: index 0 is the attacker
+        assert r["robust"]["clipped"] == [0] and len(r["clients"]) == 3
+        norms = r["robust"]["update_norms"]
+        assert norms[0] > 100 * max(norms[1:])
+    assert recs[-1]["test_loss"] < 10
+    assert not flower_pids(tmp_path / "w")
+
+
+@pytest.mark.slow
 def test_supernode_with_unregistered_key_is_refused(tmp_path):
     dep = LocalDeployment(tmp_path / "w")
     try:
