@@ -191,6 +191,18 @@ def validate(cfg: dict[str, Any]) -> None:
              server["momentum"], "a number in [0, 1)")
     _require(server["weighting"] in ("uniform", "samples"), "server.weighting",
              server["weighting"], "uniform, samples")
+    dp = cfg["dp"]
+    _require(dp["mode"] in ("off", "fixed", "adaptive"), "dp.mode", dp["mode"],
+             "off, fixed, adaptive")
+    _require(_number(dp["noise_multiplier"]) and dp["noise_multiplier"] >= 0,
+             "dp.noise_multiplier", dp["noise_multiplier"], "a number >= 0")
+    _require(_number(dp["clipping_norm"]) and dp["clipping_norm"] > 0, "dp.clipping_norm",
+             dp["clipping_norm"], "a number > 0")
+    _require(_number(dp["target_quantile"]) and 0 < dp["target_quantile"] < 1,
+             "dp.target_quantile", dp["target_quantile"], "a number in (0, 1)")
+    _require(dp["mode"] == "off" or server["momentum"] == 0, "server.momentum",
+             server["momentum"], "0 with dp.mode on (noise is added after the server update; a "
+             "momentum buffer would carry un-noised updates into later rounds)")
     rb = server["robust"]
     _require(rb["clip"] is None or (_number(rb["clip"]) and rb["clip"] >= 1), "server.robust.clip",
              rb["clip"], "a number >= 1 (x the median update norm), or null")

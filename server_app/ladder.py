@@ -7,7 +7,7 @@ Rungs (MNIST-10k unless --dataset/--data-path say otherwise), each run in proces
 ServerApp and ClientApp, its run directory under --out (complete runs are skipped, so an
 interrupted ladder resumes):
 - central: one client holding all training images, 100 and 40 labels: labels-only vs FixMatch, in
-  the mini-batch mode (8 rounds of 50 steps, batch 64, mu 7) and, with --modes, the paper's
+  the mini-batch mode (8 rounds of 250 steps, batch 64, mu 7) and, with --modes, the paper's
   full-batch mode (5 epochs a round of one step over all local data);
 - iid, dir0.3, dir0.1: the miniature's federated protocol (experiment=miniature, 20 clients):
   FedAvg (labels only), FixMatch, FixMatch-FedDPL and FedDB;
@@ -29,8 +29,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 METHODS = {"labels only": "method='fedavg'", "FixMatch": "method='fixmatch'",
            "FixMatch-FedDPL": "method='fixmatch' dpl=true", "FedDB": "method='feddb'"}
 CENTRAL = "fl.num_clients=1 fl.fraction_train=1.0 fl.min_train_clients=1 checkpoint.every=0"
-MODES = {"minibatch": "train.mode=minibatch train.local_steps=50 train.batch_size=64 train.mu=7 "
-                      "num_rounds=8 train.warmup_rounds=0",
+MODES = {"minibatch": "train.mode=minibatch train.local_epochs=1 train.local_steps=250 "
+                      "train.batch_size=64 train.mu=7 num_rounds=8 train.warmup_rounds=0",
          "fullbatch": "train.mode=fullbatch train.local_epochs=5 num_rounds=20 "
                       "train.warmup_rounds=0"}
 FEDERATED = ("iid", "dir0.3", "dir0.1")

@@ -11,8 +11,25 @@ STRATEGIES = {"fedavg": WeightedAverage, "fedrgd": FedRGD, "fedmatch": FedMatch}
 
 
 def make_strategy(cfg: dict[str, Any], num_classes: int) -> WeightedAverage:
-    """The method's strategy; `dma.enabled` switches its weights to DMA, `server.*` its update."""
-    return STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes)
+    """The method's strategy; `dma.enabled` switches its weights to DMA, `server.*` its update,
+    `dp.mode` wraps it in Flower's server-side differential-privacy strategy (`driver`)."""
+    strategy = STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes)
+    dp = cfg["dp"]
+    if dp["mode"] != "off":
+        from flwr.serverapp.strategy import (DifferentialPrivacyServerSideAdaptiveClipping,
+                                             DifferentialPrivacyServerSideFixedClipping)
+
+        fl = cfg["fl"]
+        sampled = max(1, min(fl["num_clients"], round(fl["fraction_train"] * fl["num_clients"])))
+        if dp["mode"] == "fixed":
+            strategy.driver = DifferentialPrivacyServerSideFixedClipping(
+                strategy, dp["noise_multiplier"], dp["clipping_norm"], sampled)
+        else:
+            strategy.driver = DifferentialPrivacyServerSideAdaptiveClipping(
+                strategy, dp["noise_multiplier"], sampled,
+                initial_clipping_norm=dp["clipping_norm"],
+                target_clipped_quantile=dp["target_quantile"])
+    return strategy
 
 
 __all__ = ["FedMatch", "FedRGD", "STRATEGIES", "WeightedAverage", "make_strategy"]

@@ -61,6 +61,7 @@ class WeightedAverage(FedAvg):
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.last_round: dict[str, Any] = {}
+        self.driver: Any = self     # what the round loop calls: this, or a Flower wrapper (DP)
         self.known_sizes: dict[int, tuple[int, int]] = {}   # pid -> (n_l, n_u), the server's own
         self.max_samples: int | None = cfg["server"]["max_samples"]
 
@@ -148,9 +149,11 @@ class WeightedAverage(FedAvg):
         does not): train, aggregate, optional federated evaluation, central evaluation, hook."""
         timeout = self.cfg["fl"]["round_timeout"]
         for server_round in range(first_round, self.cfg["num_rounds"] + 1):
+            drv = self.driver
             replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, ConfigRecord(), grid), timeout=timeout)
-            new, _ = self.aggregate_train(server_round, replies)
+                drv.configure_train(server_round, arrays, ConfigRecord(), grid), timeout=timeout)
+            self.last_round.update({"clients": [], "failures": [], "skipped": True})
+            new, _ = drv.aggregate_train(server_round, replies)
             if new is not None:
                 arrays = new
             messages = list(self.configure_evaluate(server_round, arrays, ConfigRecord(), grid))

@@ -121,3 +121,24 @@ def test_the_median_rule_ignores_an_outlier_coordinate():
     assert combine(stack, w, "median", 0.2) == pytest.approx([1.0, 2.0])
     assert combine(stack, w, "trimmed_mean", 0.2) == pytest.approx([1.0333, 1.9667], abs=1e-3)
     assert abs(combine(stack, w, "mean", 0.2)[0]) > 1e5
+
+
+def test_flowers_dp_wrapper_runs_around_the_projects_strategy(small_npz, tmp_path):
+    """dp.mode=fixed: Flower's DifferentialPrivacyServerSideFixedClipping drives the rounds. With
+    no noise and a bound no update reaches it changes nothing; a tiny bound freezes the model."""
+    import torch
+
+    def flat(name):
+        sd = torch.load(tmp_path / name / "final_model.pt")
+        return np.concatenate([v.double().numpy().ravel() for v in sd.values()])
+
+    plain = run(tmp_path, "plain", small_npz, "feddb", rounds=1)
+    loose = run(tmp_path, "loose", small_npz, "feddb", None,
+                "dp.mode=fixed dp.noise_multiplier=0 dp.clipping_norm=1e9", rounds=1)
+    assert [c["weight"] for c in loose[0]["clients"]] == [c["weight"]
+                                                           for c in plain[0]["clients"]]
+    assert np.allclose(flat("loose"), flat("plain"))
+    for rounds in (1, 2):                  # round 2 moves the model by at most the bound
+        run(tmp_path, f"tight{rounds}", small_npz, "feddb", None,
+            "dp.mode=fixed dp.noise_multiplier=0 dp.clipping_norm=1e-6", rounds=rounds)
+    assert 0 < np.linalg.norm(flat("tight2") - flat("tight1")) <= 1e-6 * (1 + 1e-6)
