@@ -29,10 +29,25 @@ def _setup(msg: Message, context: Context):
     device = resolve_device(cfg["device"])
     model = model_for(cfg, device)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    pid = int(context.node_config["partition-id"])
     own_file = context.node_config.get("data-path")    # deployment: this client's data only
+    pid = partition_of(msg, context, bool(own_file))
     data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
     return cfg, pid, meta, data, model
+
+
+def partition_of(msg: Message, context: Context, own_data: bool) -> int:
+    """The partition to train: the one the instruction names (simulation with fewer SuperNodes
+    than clients trains any partition of the shared dataset), else the node's own. A node with
+    its own data file trains only that."""
+    node_pid = int(context.node_config["partition-id"])
+    config = msg.content.config_records.get("config")
+    sent = config.get("partition-id") if config is not None else None
+    if sent is None:
+        return node_pid
+    if own_data and int(sent) != node_pid:
+        raise ValueError(f"this node holds only partition {node_pid}'s data (node_config "
+                         f"data-path) but was sent partition {sent}")
+    return int(sent)
 
 
 @app.train()
@@ -44,12 +59,13 @@ def train(msg: Message, context: Context) -> Message:
     helpers = [msg.content.array_records[k].to_torch_state_dict()    # FedMatch: helpers' psi
                for k in sorted(msg.content.array_records) if k.startswith("helper_")]
     keep = cfg["train"]["optimizer_state"] == "client"     # momentum kept per client, as the
-    momentum = (context.state["optimizer"].to_torch_state_dict()     # authors' code does
-                if keep and "optimizer" in context.state.array_records else None)
+    slot = f"optimizer-{pid}"                              # a node may train several partitions
+    momentum = (context.state[slot].to_torch_state_dict()            # authors' code does
+                if keep and slot in context.state.array_records else None)
     metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
                           helpers, momentum, float(conf.get("lambda-u", cfg["train"]["lambda_u"])))
     if keep:
-        context.state["optimizer"] = ArrayRecord(trainer.momentum_out)
+        context.state[slot] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     attack = attack_of(context.node_config)             # tests and the attack benchmark only
@@ -76,5 +92,6 @@ def evaluate(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds (node ids are random per run)."""
     info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
-                         "num-partitions": int(context.node_config.get("num-partitions", -1))})
+                         "num-partitions": int(context.node_config.get("num-partitions", -1)),
+                         "own-data": int(bool(context.node_config.get("data-path")))})
     return Message(content=RecordDict({"info": info}), reply_to=msg)

@@ -43,28 +43,50 @@ def run_dir_for(cfg: dict[str, Any]) -> Path:
     return path
 
 
+def query_nodes(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict[str, int]]:
+    """Ask each node its partition id and whether it holds its own data file."""
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    info: dict[int, dict[str, int]] = {}
+    for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
+        if reply.has_error():
+            raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
+                            f"{reply.error.reason}")
+        rec = reply.content["info"]
+        info[reply.metadata.src_node_id] = {"pid": int(rec["partition-id"]),
+                                            "own-data": int(rec.get("own-data", 0))}
+    return info
+
+
 def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict[int, int]:
-    """Wait up to `timeout` s for the nodes, ask each its partition id; returns pid -> node id."""
+    """pid -> node id. One node per client when the federation has exactly that many (each
+    trains its node_config partition). Nodes without their own data file (simulation) may hold
+    several: with fewer SuperNodes than clients (Flower's default simulation has 2), client m goes
+    to node m mod N and each instruction names its partition. Nodes with their own data files
+    (deployment) must be one per client; the server waits up to `timeout` s for them."""
     deadline = time.monotonic() + timeout
     nodes = sorted(grid.get_node_ids())
+    while not nodes and time.monotonic() < deadline:
+        time.sleep(0.5)
+        nodes = sorted(grid.get_node_ids())
+    info = query_nodes(grid, nodes, timeout) if nodes else {}
+    shared = bool(info) and not any(v["own-data"] for v in info.values())
+    if shared and len(nodes) != num_clients:
+        return {pid: nodes[pid % len(nodes)] for pid in range(num_clients)}
     while len(nodes) < num_clients and time.monotonic() < deadline:
         time.sleep(1.0)
         nodes = sorted(grid.get_node_ids())
     if len(nodes) != num_clients:
         raise NodeError(
-            f"the federation has {len(nodes)} SuperNodes but fl.num_clients={num_clients}. In "
-            f"simulation pass --federation-config \"num-supernodes={num_clients}\" to `flwr run` "
-            "(or use `make run`, which does), or set fl.num_clients to the number of nodes.")
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+            f"the federation has {len(nodes)} SuperNodes holding their own data files "
+            f"(node_config data-path) but fl.num_clients={num_clients}: start one SuperNode per "
+            "client, or set fl.num_clients to the number of nodes.")
+    info.update(query_nodes(grid, [n for n in nodes if n not in info], timeout))
     node_of: dict[int, int] = {}
-    for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
-        if reply.has_error():
-            raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
-                            f"{reply.error.reason}")
-        pid = int(reply.content["info"]["partition-id"])
+    for node, v in sorted(info.items()):
+        pid = v["pid"]
         if pid in node_of or not 0 <= pid < num_clients:
             raise NodeError(f"partition-id {pid} is duplicated or outside 0..{num_clients - 1}")
-        node_of[pid] = reply.metadata.src_node_id
+        node_of[pid] = node
     if len(node_of) != num_clients:
         raise NodeError(f"only {len(node_of)} of {num_clients} nodes reported their partition")
     return node_of

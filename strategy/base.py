@@ -57,7 +57,7 @@ class WeightedAverage(FedAvg):
         self.cfg, self.num_classes = cfg, num_classes
         self.cfg_json = json.dumps(cfg, sort_keys=True)
         self.node_of: dict[int, int] = {}          # partition id -> node id
-        self.pid_of: dict[int, int] = {}           # node id -> partition id
+        self.pids_on: dict[int, list[int]] = {}    # node id -> the partitions it may train
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.last_round: dict[str, Any] = {}
@@ -86,8 +86,12 @@ class WeightedAverage(FedAvg):
 
     # -- sampling --------------------------------------------------------------------------
     def bind_nodes(self, node_of: dict[int, int]) -> None:
+        """Which node trains each partition; a node may hold several (simulation with fewer
+        SuperNodes than clients: each instruction names its partition)."""
         self.node_of = dict(node_of)
-        self.pid_of = {node: pid for pid, node in node_of.items()}
+        self.pids_on = {}
+        for pid, node in sorted(node_of.items()):
+            self.pids_on.setdefault(node, []).append(pid)
 
     def sample(self, server_round: int, fraction: float) -> list[int]:
         """Partition ids for this round: seeded by (seed, round), independent of node ids."""
@@ -99,7 +103,8 @@ class WeightedAverage(FedAvg):
     def _messages(self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                   message_type: str) -> list[Message]:
         server_round = int(config["server-round"])
-        return [Message(content=RecordDict({"arrays": arrays, "config": config,
+        return [Message(content=RecordDict({"arrays": arrays,
+                                            "config": ConfigRecord({**config, "partition-id": p}),
                                             **self.extra_records(p, server_round, message_type)}),
                         dst_node_id=self.node_of[p], message_type=message_type)
                 for p in pids]
@@ -194,9 +199,10 @@ class WeightedAverage(FedAvg):
         for key in ("partition_id", "num_labeled", "num_unlabeled"):
             if not isinstance(metrics.get(key), int) or metrics[key] < 0:
                 raise ReplyError(f"metric '{key}' missing or not a non-negative integer")
-        sender = self.pid_of.get(msg.metadata.src_node_id)
-        if sender is not None and metrics["partition_id"] != sender:
-            raise ReplyError(f"claims partition {metrics['partition_id']} but node holds {sender}")
+        held = self.pids_on.get(msg.metadata.src_node_id)
+        if held is not None and metrics["partition_id"] not in held:
+            raise ReplyError(f"claims partition {metrics['partition_id']} but the node was sent "
+                             f"{held if len(held) > 1 else held[0]}")
         app_u = np.asarray(metrics.get("app_u", []), dtype=np.float64).reshape(-1)
         k = self.num_classes
         if app_u.shape != (k,):
@@ -230,19 +236,31 @@ class WeightedAverage(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        parsed, failures, replied = [], [], set()
+        sampled = self.last_round.get("sampled", [])
+        parsed, failures, bad = [], [], []
         for msg in replies:
-            node = msg.metadata.src_node_id
-            replied.add(node)
             try:
                 if msg.has_error():
                     raise ReplyError(f"client error: {msg.error.reason}")
-                parsed.append(self.parse_reply(msg))
+                reply = self.parse_reply(msg)
+                if sampled and reply["metrics"]["partition_id"] not in sampled:
+                    raise ReplyError(f"partition {reply['metrics']['partition_id']} was not "
+                                     "sampled this round")
+                if any(p["metrics"]["partition_id"] == reply["metrics"]["partition_id"]
+                       for p in parsed):
+                    raise ReplyError(f"a second reply for partition "
+                                     f"{reply['metrics']['partition_id']} this round")
+                parsed.append(reply)
             except ReplyError as err:
-                failures.append({"partition_id": self.pid_of.get(node), "node_id": node,
-                                 "reason": str(err)})
-        for pid in self.last_round.get("sampled", []):
-            if self.node_of.get(pid) not in replied:
+                bad.append((msg.metadata.src_node_id, str(err)))
+        answered = {p["metrics"]["partition_id"] for p in parsed}
+        for node, reason in bad:          # charged to a sampled partition of that node
+            pid = next((q for q in self.pids_on.get(node, []) if q not in answered
+                        and (not sampled or q in sampled)), None)
+            answered.add(pid)
+            failures.append({"partition_id": pid, "node_id": node, "reason": reason})
+        for pid in sampled:
+            if pid not in answered:
                 failures.append({"partition_id": pid, "node_id": self.node_of.get(pid),
                                  "reason": "no reply within fl.round_timeout (node failed or gone)"})
         for f in failures:

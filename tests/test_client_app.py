@@ -159,13 +159,13 @@ def test_optimizer_state_client_keeps_momentum_in_context_state():
             arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
             replies.append(client_app(make_instruction(arrays, config), ctx))
             if r == 1:
-                stored = ({k: v.clone() for k, v in ctx.state["optimizer"].to_torch_state_dict().items()}
-                          if "optimizer" in ctx.state.array_records else None)
+                stored = ({k: v.clone() for k, v in ctx.state["optimizer-1"].to_torch_state_dict().items()}
+                          if "optimizer-1" in ctx.state.array_records else None)
         return replies, stored, ctx
 
     (f1, f2), fresh_stored, fresh_ctx = two_rounds("fresh")
     (c1, c2), kept, ctx = two_rounds("client")
-    assert fresh_stored is None and "optimizer" not in fresh_ctx.state.array_records
+    assert fresh_stored is None and "optimizer-1" not in fresh_ctx.state.array_records
     params = dict(make_model(with_meta(compose(TINY)), 10, 1).named_parameters())
     assert set(kept) == set(params) and all(kept[k].abs().sum() > 0 for k in kept)
     state = lambda r: r.content["arrays"].to_torch_state_dict()  # noqa: E731

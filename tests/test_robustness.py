@@ -7,12 +7,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client_app.app import app as client_app
 from fssl import checkpoint
 from fssl.config import ConfigError, resolve
-from conftest import patch_task_identity
+from conftest import make_metadata, patch_task_identity
 from localgrid import metrics_without_timing, run_in_process
 
 ROUNDS = 4
@@ -55,6 +55,27 @@ def test_same_seed_gives_identical_metrics(baseline, small_npz, tmp_path):
     again = run_server(tmp_path / "again", small_npz)
     assert records(again) == records(baseline)
     assert len(records(baseline)) == ROUNDS
+
+
+def test_fewer_nodes_than_clients_give_the_same_run(baseline, small_npz, tmp_path):
+    """Two nodes for six clients (Flower's default simulation): each instruction names its
+    partition, a node trains whichever it is sent, and the run is the one-node-per-client run."""
+    run_dir = tmp_path / "two"
+    run_in_process({"dataset": "npz", "data-path": str(small_npz), "num-server-rounds": ROUNDS,
+                    "seed": 4, "output-dir": str(run_dir), "overrides": OVERRIDES}, 2)
+    assert records(run_dir) == records(baseline)
+
+
+def test_a_node_with_its_own_data_trains_no_other_partition(task_identity):
+    from client_app.app import partition_of
+    from conftest import make_context
+
+    ctx = make_context(pid=1)
+    msg = Message(RecordDict({"config": ConfigRecord({"partition-id": 3})}),
+                  metadata=make_metadata())
+    assert partition_of(msg, ctx, own_data=False) == 3
+    with pytest.raises(ValueError, match="holds only partition 1's data"):
+        partition_of(msg, ctx, own_data=True)
 
 
 def crash_in_round_4_then_resume(run_dir, data, overrides=OVERRIDES):

@@ -175,5 +175,5 @@ def test_reply_claiming_another_partition_or_dtype_is_dropped():
                make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.3, 0.2]), node=12)]
     s.aggregate_train(1, replies)
     reasons = {f["partition_id"]: f["reason"] for f in s.last_round["failures"]}
-    assert "claims partition 2 but node holds 0" in reasons[0]
+    assert "claims partition 2 but the node was sent 0" in reasons[0]
     assert "float64[2], expected float32[2]" in reasons[1]
