@@ -1,4 +1,5 @@
-"""Datasets: CIFAR-10/100 and SVHN in torchvision's on-disk formats, a generic `.npz`, and the
+"""Datasets: CIFAR-10/100 and SVHN in torchvision's on-disk formats, a generic `.npz`, image folders
+(torchvision's ImageFolder layout), Hugging Face datasets saved with `save_to_disk`, and the
 embedded MNIST-10k. Every loader returns uint8 images as N x H x W x C and int64 labels.
 """
 
@@ -84,11 +85,20 @@ def load_dataset(dcfg: dict[str, Any]) -> Dataset:
         if not file.is_file():
             raise DataError(f"npz file not found: {file.resolve()} (run-config key data-path)")
         return _from_arrays("npz", _read_npz(file), dcfg)
+    if name in ("imagefolder", "hf"):
+        if not path:
+            raise DataError(f"dataset {name} needs a directory: set data-path='/abs/dir'")
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            raise DataError(f"{name} directory not found: {root.resolve()} (run-config key "
+                            "data-path)")
+        reader = _read_imagefolder if name == "imagefolder" else _read_hf
+        return _from_arrays(name, reader(root, dcfg), dcfg)
     root = Path(path or "data").expanduser()
     readers = {"cifar10": _read_cifar10, "cifar100": _read_cifar100, "svhn": _read_svhn}
     if name not in readers:
         raise DataError(f"unknown dataset '{name}': choose one of mnist10k, cifar10, cifar100, "
-                        "svhn, npz")
+                        "svhn, npz, imagefolder, hf")
     if dcfg.get("download") and not _has_files(name, root):
         _download(name, root)
     if not _has_files(name, root):
@@ -204,6 +214,98 @@ def _read_npz(file: Path) -> dict[str, np.ndarray]:
         if isinstance(err, DataError):
             raise
         raise DataError(f"{file}: not a readable .npz without pickles ({err})") from err
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _pil_arrays(images: list, where: str, channels: int | None) -> np.ndarray:
+    """PIL images -> uint8 N x H x W x C; C = `channels`, or 1 when every image is grayscale."""
+    if channels is None:
+        channels = 1 if all(im.mode in ("1", "L", "I", "I;16") for im in images) else 3
+    mode = "L" if channels == 1 else "RGB"
+    arrays = [np.asarray(im.convert(mode), dtype=np.uint8) for im in images]
+    shapes = sorted({a.shape for a in arrays})
+    if len(shapes) > 1:
+        raise DataError(f"{where}: images differ in size ({shapes[0]} ... {shapes[-1]}); resize "
+                        "them to one size first")
+    x = np.stack(arrays)
+    return x[..., None] if x.ndim == 3 else x
+
+
+def _read_imagefolder(root: Path, dcfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """root/train/<class>/<image> and root/test/<class>/<image>; classes in sorted order, as
+    torchvision's ImageFolder numbers them."""
+    from PIL import Image
+
+    layout = f"{root}/train/<class>/*.png and {root}/test/<class>/*.png (ImageFolder layout)"
+    for split in ("train", "test"):
+        if not (root / split).is_dir():
+            raise DataError(f"imagefolder: {root / split} not found; expected {layout}")
+    classes = sorted(d.name for d in (root / "train").iterdir() if d.is_dir())
+    if not classes:
+        raise DataError(f"imagefolder: no class directories in {root / 'train'}; expected {layout}")
+    out: dict[str, Any] = {"num_classes": len(classes)}
+    for split in ("train", "test"):
+        extra = sorted(d.name for d in (root / split).iterdir()
+                       if d.is_dir() and d.name not in classes)
+        if extra:
+            raise DataError(f"imagefolder: {root / split} has classes {extra} that train lacks")
+        images, labels = [], []
+        for k, c in enumerate(classes):
+            for f in sorted((root / split / c).iterdir()) if (root / split / c).is_dir() else []:
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    try:
+                        with Image.open(f) as im:
+                            images.append(im.copy())
+                    except OSError as err:
+                        raise DataError(f"imagefolder: cannot read {f} ({err})") from err
+                    labels.append(k)
+        if not images:
+            raise DataError(f"imagefolder: no images ({', '.join(IMAGE_SUFFIXES)}) under "
+                            f"{root / split}")
+        out[f"x_{split}"] = _pil_arrays(images, str(root / split), dcfg.get("channels"))
+        out[f"y_{split}"] = np.asarray(labels, dtype=np.int64)
+    return out
+
+
+def _read_hf(root: Path, dcfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A Hugging Face DatasetDict written by `save_to_disk`, with train and test splits, an image
+    column and an integer label column (`dataset.image_key` / `label_key`, or found by name)."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataError("dataset hf needs the `datasets` package: pip install -e '.[hf]' (or "
+                        "pip install datasets)") from err
+    try:
+        dd = datasets.load_from_disk(str(root))
+    except (FileNotFoundError, ValueError) as err:
+        raise DataError(f"hf: {root} is not a dataset saved with save_to_disk ({err})") from err
+    if not isinstance(dd, datasets.DatasetDict) or not {"train", "test"} <= set(dd):
+        found = list(dd) if isinstance(dd, datasets.DatasetDict) else "one split"
+        raise DataError(f"hf: {root} must hold a DatasetDict with 'train' and 'test' splits, "
+                        f"found {found}")
+    cols = dd["train"].column_names
+    image_key = dcfg.get("image_key") or next((c for c in ("image", "img") if c in cols), None)
+    label_key = dcfg.get("label_key") or next(
+        (c for c in ("label", "labels", "fine_label") if c in cols), None)
+    if image_key not in cols or label_key not in cols:
+        raise DataError(f"hf: columns {cols}; set dataset.image_key and dataset.label_key to the "
+                        "image and label columns")
+    out: dict[str, Any] = {}
+    for split in ("train", "test"):
+        part = dd[split]
+        images = part[image_key]
+        if images and not hasattr(images[0], "convert"):            # arrays, not PIL images
+            from PIL import Image
+
+            images = [Image.fromarray(np.asarray(im, dtype=np.uint8)) for im in images]
+        out[f"x_{split}"] = _pil_arrays(list(images), f"hf {split}", dcfg.get("channels"))
+        out[f"y_{split}"] = np.asarray(part[label_key])
+    feature = dd["train"].features.get(label_key)
+    if getattr(feature, "num_classes", None):
+        out["num_classes"] = int(feature.num_classes)
+    return out
 
 
 def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dataset:

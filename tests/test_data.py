@@ -142,3 +142,89 @@ def test_npz_needs_an_existing_path(tmp_path):
         load_dataset(_cfg("npz"))
     with pytest.raises(DataError, match="not found"):
         load_dataset(_cfg("npz", tmp_path / "missing.npz"))
+
+
+def _digits(n, size=8, seed=0):
+    """n small uint8 images whose brightness encodes the class (0..2), and the classes."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    x = (y[:, None, None] * 100 + rng.integers(0, 20, (n, size, size))).astype(np.uint8)
+    return x, y
+
+
+def test_imagefolder_reader(tmp_path):
+    from PIL import Image
+
+    names = ["cat", "dog", "emu"]                     # sorted: class ids 0, 1, 2
+    for split, n in (("train", 12), ("test", 6)):
+        x, y = _digits(n, seed=n)
+        for i, (img, lab) in enumerate(zip(x, y)):
+            d = tmp_path / split / names[lab]
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img).save(d / f"{i:03d}.png")
+    (tmp_path / "train" / "cat" / "notes.txt").write_text("not an image")
+    ds = load_dataset({"name": "imagefolder", "path": str(tmp_path)})
+    assert ds.x_train.shape == (12, 8, 8, 1) and ds.num_classes == 3
+    assert sorted(np.bincount(ds.y_train).tolist()) == [4, 4, 4]
+    # the image with the highest brightness is an "emu" (class 2)
+    assert ds.y_train[ds.x_train.reshape(12, -1).mean(1).argmax()] == 2
+    rgb = load_dataset({"name": "imagefolder", "path": str(tmp_path), "channels": 3})
+    assert rgb.x_test.shape == (6, 8, 8, 3)
+    Image.fromarray(np.zeros((5, 5), np.uint8)).save(tmp_path / "test" / "dog" / "odd.png")
+    with pytest.raises(DataError, match="images differ in size"):
+        load_dataset({"name": "imagefolder", "path": str(tmp_path)})
+
+
+def test_imagefolder_layout_errors_say_what_is_expected(tmp_path):
+    with pytest.raises(DataError, match="ImageFolder layout"):
+        load_dataset({"name": "imagefolder", "path": str(tmp_path)})
+    with pytest.raises(DataError, match="needs a directory"):
+        load_dataset({"name": "imagefolder", "path": ""})
+
+
+def test_hugging_face_dataset_saved_to_disk(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    def split(n, seed):
+        x, y = _digits(n, seed=seed)
+        return datasets.Dataset.from_dict(
+            {"img": [Image.fromarray(i) for i in x], "label": y.tolist()},
+            features=datasets.Features({"img": datasets.Image(),
+                                        "label": datasets.ClassLabel(num_classes=3)}))
+
+    datasets.DatasetDict({"train": split(12, 1), "test": split(6, 2)}).save_to_disk(tmp_path / "hf")
+    ds = load_dataset({"name": "hf", "path": str(tmp_path / "hf")})
+    assert ds.x_train.shape == (12, 8, 8, 1) and ds.num_classes == 3
+    assert ds.y_test.tolist() == [0, 1, 2, 0, 1, 2]
+    datasets.DatasetDict({"train": split(6, 3)}).save_to_disk(tmp_path / "one")
+    with pytest.raises(DataError, match="'train' and 'test' splits"):
+        load_dataset({"name": "hf", "path": str(tmp_path / "one")})
+    with pytest.raises(DataError, match="image_key"):
+        load_dataset({"name": "hf", "path": str(tmp_path / "hf"), "image_key": "pixels"})
+
+
+def test_an_image_folder_runs_through_the_server_app(tmp_path, task_identity):
+    """The project's partitioner and a whole (one-round) run on an ImageFolder dataset."""
+    import json
+
+    from PIL import Image
+
+    from localgrid import run_in_process
+
+    for split, n in (("train", 60), ("test", 15)):
+        x, y = _digits(n, size=12, seed=n)
+        for i, (img, lab) in enumerate(zip(x, y)):
+            d = tmp_path / "imgs" / split / f"c{lab}"
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img).save(d / f"{i}.png")
+    out = tmp_path / "run"
+    run_in_process({"method": "fixmatch", "dataset": "imagefolder",
+                    "data-path": str(tmp_path / "imgs"), "num-server-rounds": 1,
+                    "output-dir": str(out),
+                    "overrides": "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=30 "
+                                 "fl.node_wait=0 train.local_epochs=1"}, 3)
+    rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rounds) == 1 and len(rounds[0]["clients"]) == 3
+    part = json.loads((out / "partition.json").read_text())
+    assert sum(len(i) for i in part["labeled"]) == 30
