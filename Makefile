@@ -16,7 +16,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 env: $(BIN)/.installed
 
 run: env
-	$(BIN)/python -m server_app.launch --run-config "$(RUN_CONFIG)" $(ARGS)
+	$(BIN)/python -m feddb.launch --run-config "$(RUN_CONFIG)" $(ARGS)
 
 test: env
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -14,7 +14,7 @@ from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, Messag
                       MetricRecord, RecordDict)
 
 from fssl.config import compose  # noqa: E402
-from server_app.inprocess import make_metadata  # noqa: E402,F401
+from feddb.inprocess import make_metadata  # noqa: E402,F401
 
 TINY = ["fl.num_clients=4", "fl.fraction_train=0.5", "num_rounds=2", "dataset.num_labeled=200",
         "train.local_epochs=2", "train.tau=0.5"]

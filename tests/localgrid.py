@@ -1,8 +1,8 @@
-"""Test helpers over the in-process engine (server_app.inprocess)."""
+"""Test helpers over the in-process engine (feddb.inprocess)."""
 
 from __future__ import annotations
 
-from server_app.inprocess import RUN_CONFIG_KEYS, LocalGrid, run_in_process  # noqa: F401
+from feddb.inprocess import RUN_CONFIG_KEYS, LocalGrid, run_in_process  # noqa: F401
 
 
 def metrics_without_timing(run_dir) -> list[dict]:

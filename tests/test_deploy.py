@@ -12,7 +12,7 @@ import pytest
 
 from conftest import flower_pids
 from localgrid import metrics_without_timing, run_in_process
-from server_app.deploy import LocalDeployment, make_keys
+from feddb.deploy import LocalDeployment, make_keys
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ("fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
@@ -20,7 +20,7 @@ TINY = ("fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.lo
 
 
 def deploy(tmp_path, run_config, *extra, timeout=420):
-    return subprocess.run([sys.executable, "-m", "server_app.deploy", "local", "--nodes", "3",
+    return subprocess.run([sys.executable, "-m", "feddb.deploy", "local", "--nodes", "3",
                            "--workdir", str(tmp_path / "w"), "--run-config", run_config, *extra],
                           cwd=PROJECT, text=True, capture_output=True, timeout=timeout,
                           env=dict(os.environ))
@@ -52,7 +52,7 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
 def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
     """TLS + SuperNode auth, three registered nodes; node 0 sends w + 1000 (w_0 - w) each round."""
     from client_app.attacks import ENV
-    from server_app.deploy import export_data
+    from feddb.deploy import export_data
 
     out = tmp_path / "run"
     rc = {"method": "feddb", "num-server-rounds": 2, "seed": 2, "output-dir": str(out),
@@ -140,7 +140,7 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
         assert nodes.stdout.strip().endswith("2"), nodes.stderr[-2000:]
         out = tmp_path / "run"
         res = subprocess.run(
-            [sys.executable, "-m", "server_app.launch", "--ray-address", address, "--run-config",
+            [sys.executable, "-m", "feddb.launch", "--ray-address", address, "--run-config",
              f"num-server-rounds=1 output-dir='{out}' overrides='fl.num_clients=4 "
              "fl.fraction_train=1.0 dataset.num_labeled=200 train.local_epochs=1 fl.node_wait=5'"],
             cwd=PROJECT, env=env, text=True, capture_output=True, timeout=400)

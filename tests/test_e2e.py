@@ -19,7 +19,7 @@ TINY = ("fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.lo
 
 def launch(tmp_path, run_config, *extra, timeout=400):
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
-    return subprocess.run([sys.executable, "-m", "server_app.launch", "--run-config", run_config,
+    return subprocess.run([sys.executable, "-m", "feddb.launch", "--run-config", run_config,
                            *extra], cwd=PROJECT, env=env, text=True, capture_output=True,
                           timeout=timeout)
 

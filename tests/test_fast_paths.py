@@ -51,7 +51,7 @@ def test_compiled_model_trains_like_eager():
 
 
 def test_gpu_share_fits_measured_clients_in_gpu_memory():
-    from server_app.resources import CONTEXT_BYTES, gpu_share
+    from feddb.resources import CONTEXT_BYTES, gpu_share
 
     gib = 2**30
     assert gpu_share(80 * gib, 2 * gib, 10) == (0.1, 10)           # capped by clients per round
@@ -61,7 +61,7 @@ def test_gpu_share_fits_measured_clients_in_gpu_memory():
 
 
 def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
-    from server_app.launch import gpus_per_client
+    from feddb.launch import gpus_per_client
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus_per_client("auto", tiny_cfg) == 0.0                 # no CUDA: no GPU resource

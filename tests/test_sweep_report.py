@@ -33,7 +33,7 @@ calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
 def sweep(tmp_path, *args):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
-    return subprocess.run([sys.executable, "-m", "server_app.sweep", "-m", *args,
+    return subprocess.run([sys.executable, "-m", "feddb.sweep", "-m", *args,
                            f"out={tmp_path / 'out'}", f"launcher=[python,{stub}]"],
                           cwd=PROJECT, capture_output=True, text=True, timeout=120)
 

@@ -1,0 +1,46 @@
+"""`feddb <command> [options]`: one entry point for the project's tools; `feddb <command> --help`
+describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks and bench measure;
+deploy runs the same apps on SuperLink and SuperNodes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "run": ("feddb.launch", "one Flower simulation (`flwr run` sized from the configuration)"),
+    "local": ("feddb.inprocess", "the same run in this process, without Ray's start-up"),
+    "sweep": ("feddb.sweep", "a resumable grid of runs (Hydra multirun: -m row=... seed=...)"),
+    "report": ("feddb.report", "tables, paired differences and figures from run directories"),
+    "ladder": ("feddb.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
+    "attacks": ("feddb.attackbench", "the attack benchmark: one malicious node of five"),
+    "bench": ("feddb.benchmark", "the speed benchmark"),
+    "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
+}
+NO_ARGV = ("sweep", "bench")          # these read sys.argv themselves (Hydra, argparse)
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    return ("usage: feddb <command> [options]    (feddb <command> --help for its options)\n\n"
+            "commands:\n" + "\n".join(f"  {c:<{width}}  {h}" for c, (_, h) in COMMANDS.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"feddb: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[cmd][0])
+    if cmd in NO_ARGV:
+        sys.argv = [f"feddb {cmd}", *rest]
+        return int(module.main() or 0)
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Deployment on Flower's SuperLink + SuperNodes, secure by default (TLS + SuperNode authentication).
+
+    feddb deploy certs  --out deploy/certs --hosts localhost,127.0.0.1,myhost
+    feddb deploy keys   --out deploy/keys --count 3
+    feddb deploy export --out deploy/data --run-config "overrides='fl.num_clients=3'"
+    feddb deploy local  --nodes 3 --workdir deploy --run-config "..."
+
+`certs` makes a CA and a server certificate for the given host names and addresses; `keys` makes one
+ECDSA P-384 key pair (OpenSSH format) per SuperNode; `export` writes one data file per client (only
+its own data) from the configured dataset and partition; `local` does all of that and runs a whole
+deployment on this machine (one SuperLink, N SuperNodes as separate processes, `flwr run` against
+it), then stops every process it started. `--insecure` turns TLS and authentication off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .launch import (PROJECT, absolute_paths, format_run_config, free_port, parse_run_config,
+                     stop)
+
+
+# -- credentials -------------------------------------------------------------------------------
+def make_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    out.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca = (x509.CertificateBuilder().subject_name(name("feddb-flower CA")).issuer_name(name("feddb-flower CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (x509.CertificateBuilder().subject_name(name(hosts[0])).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    files = {"ca": out / "ca.crt", "cert": out / "server.pem", "key": out / "server.key"}
+    files["ca"].write_bytes(ca.public_bytes(pem))
+    files["cert"].write_bytes(cert.public_bytes(pem))
+    files["key"].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    files["key"].chmod(0o600)
+    return files
+
+
+def make_keys(out: Path, count: int, prefix: str = "supernode") -> list[Path]:
+    """ECDSA P-384 key pairs in OpenSSH format: `<prefix>_<i>` (private) and `.pub`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    out.mkdir(parents=True, exist_ok=True)
+    private = []
+    for i in range(count):
+        key = ec.generate_private_key(ec.SECP384R1())
+        path = out / f"{prefix}_{i}"
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.OpenSSH,
+                                           serialization.NoEncryption()))
+        path.chmod(0o600)
+        path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        private.append(path)
+    return private
+
+
+def export_data(run_config: dict, out: Path) -> list[Path]:
+    """One file per client holding only its own data (the simulation's partition)."""
+    from fssl.config import resolve
+    from fssl.data import write_client_files
+    from fssl.runtime import dataset_for, partition_for
+
+    cfg, _ = resolve(run_config)
+    part = partition_for(cfg)
+    return write_client_files(dataset_for(cfg), part.labeled, part.unlabeled, out)
+
+
+# -- a whole deployment on this machine ---------------------------------------------------------
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def _flwr(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([_bin("flwr"), *args], cwd=PROJECT, env=env, text=True,
+                          capture_output=True, check=False)
+
+
+def _json(text: str) -> dict:
+    return json.loads(text[text.find("{"):])
+
+
+class LocalDeployment:
+    """One SuperLink and SuperNodes as separate processes on loopback, all stopped by `close`."""
+
+    def __init__(self, workdir: Path, insecure: bool = False) -> None:
+        self.workdir, self.insecure = workdir.resolve(), insecure
+        self.env = dict(os.environ, FLWR_HOME=str(self.workdir / "cli-home"))
+        self.env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + self.env.get("PATH", "")
+        self.port = free_port()
+        self.logs = self.workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.certs = None if insecure else make_certs(self.workdir / "certs",
+                                                      ["localhost", "127.0.0.1"])
+
+    def _start(self, name: str, cmd: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+        env = dict(self.env, FLWR_HOME=str(self.workdir / f"home-{name}"), **(env_extra or {}))
+        proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stderr=subprocess.STDOUT,
+                                stdout=open(self.logs / f"{name}.log", "w"))
+        self.procs[name] = proc
+        return proc
+
+    def start_superlink(self) -> None:
+        cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        connection: dict = {"address": f"127.0.0.1:{self.port}"}
+        if self.insecure:
+            cmd.append("--insecure")
+            connection["insecure"] = True
+        else:
+            c = self.certs
+            cmd += ["--ssl-ca-certfile", str(c["ca"]), "--ssl-certfile", str(c["cert"]),
+                    "--ssl-keyfile", str(c["key"]), "--enable-supernode-auth"]
+            connection["root-certificates"] = str(c["ca"])
+        home = self.workdir / "cli-home"
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            "[superlink]\ndefault = \"deploy\"\n\n[superlink.deploy]\n"
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in connection.items()))
+        self._start("superlink", cmd)
+        _wait_for_port(self.port)
+
+    def register(self, key: Path) -> None:
+        reg = _flwr(["supernode", "register", str(key.with_suffix(".pub")), "deploy"], self.env)
+        if reg.returncode != 0:
+            raise RuntimeError(f"registering {key.name}.pub failed:\n{reg.stdout}{reg.stderr}")
+
+    def start_supernode(self, pid: int, num: int, data_file: Path | None, key: Path | None,
+                        extra_config: str = "", env_extra: dict | None = None) -> subprocess.Popen:
+        """`extra_config`/`env_extra`: more node_config and environment (the attack test)."""
+        node_config = f"partition-id={pid} num-partitions={num}" + (
+            f" {extra_config}" if extra_config else "")
+        if data_file is not None:
+            node_config += f" data-path='{data_file}'"
+        cmd = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+               "--port", str(free_port()), "--node-config", node_config,
+               "--max-retries", "3", "--max-wait-time", "20"]
+        if self.insecure:
+            cmd.append("--insecure")
+        else:
+            cmd += ["--root-certificates", str(self.certs["ca"]),
+                    "--auth-supernode-private-key", str(key)]
+        return self._start(f"supernode_{pid}", cmd, env_extra)
+
+    def submit(self, run_config: dict) -> int:
+        cmd = ["run", ".", "deploy", "--format", "json"]
+        if run_config:
+            cmd += ["--run-config", format_run_config(run_config)]
+        started = _flwr(cmd, self.env)
+        try:
+            return int(_json(started.stdout)["run-id"])
+        except (ValueError, KeyError) as err:
+            raise RuntimeError(
+                f"`flwr run` did not start:\n{started.stdout}{started.stderr}") from err
+
+    def follow(self, run_id: int, kill_node_after: float | None = None) -> dict:
+        """Poll the run until it ends (optionally killing SuperNode 0 after a delay); print log."""
+        t0 = time.monotonic()
+        while True:
+            time.sleep(2.0)
+            if kill_node_after is not None and time.monotonic() - t0 > kill_node_after:
+                self.procs["supernode_0"].kill()
+                print("killed SuperNode 0 (partition 0)", flush=True)
+                kill_node_after = None
+            listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"],
+                           self.env)
+            try:
+                run = _json(listed.stdout)["runs"][0]
+            except (ValueError, KeyError, IndexError):
+                continue
+            if str(run.get("status", "")).startswith("finished"):
+                log = _flwr(["log", str(run_id), "deploy", "--show"], self.env)
+                print(log.stdout, flush=True)
+                return run
+
+    def close(self) -> None:
+        stop([p.pid for p in self.procs.values() if p.poll() is None])
+
+
+def run_local(nodes: int, workdir: Path, run_config: dict, insecure: bool = False,
+              kill_node_after: float | None = None) -> int:
+    """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code."""
+    data_files = export_data(run_config, workdir / "data")
+    if len(data_files) != nodes:
+        print(f"error: the configuration has {len(data_files)} clients (fl.num_clients) but "
+              f"--nodes {nodes}", file=sys.stderr)
+        return 2
+    dep = LocalDeployment(workdir, insecure)
+    try:
+        dep.start_superlink()
+        keys = [] if insecure else make_keys(dep.workdir / "keys", nodes)
+        for key in keys:
+            dep.register(key)
+        for i in range(nodes):
+            dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
+        run_id = dep.submit(run_config)
+        print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
+        status = dep.follow(run_id, kill_node_after)
+        if status.get("status") != "finished:completed":
+            print(f"error: run {run_id} ended as {status.get('status')}: "
+                  f"{status.get('status-details', '')}", file=sys.stderr)
+            return 1
+        print(f"run {run_id}: {status['status']}", flush=True)
+        return 0
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        dep.close()
+
+
+def _wait_for_port(port: int, timeout: float = 30.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the SuperLink did not open port {port} within {timeout:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("certs", help="CA + server certificate")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--hosts", default="localhost,127.0.0.1",
+                   help="comma-separated host names and IP addresses of the SuperLink")
+    k = sub.add_parser("keys", help="SuperNode key pairs")
+    k.add_argument("--out", type=Path, required=True)
+    k.add_argument("--count", type=int, required=True)
+    e = sub.add_parser("export", help="one data file per client")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--run-config", default="")
+    lo = sub.add_parser("local", help="a whole deployment on this machine")
+    lo.add_argument("--nodes", type=int, required=True)
+    lo.add_argument("--workdir", type=Path, default=PROJECT / "deploy")
+    lo.add_argument("--run-config", default="")
+    lo.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
+    lo.add_argument("--kill-node-after", type=float, default=None,
+                    help="kill SuperNode 0 this many seconds after submitting (failure drill)")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(PROJECT))
+    if args.cmd == "certs":
+        files = make_certs(args.out, [h.strip() for h in args.hosts.split(",") if h.strip()])
+        print("\n".join(f"{k}: {v}" for k, v in files.items()))
+        return 0
+    if args.cmd == "keys":
+        for key in make_keys(args.out, args.count):
+            print(f"{key} (public: {key.with_suffix('.pub')})")
+        return 0
+    from fssl.config import ConfigError
+    from fssl.data import DataError
+
+    try:
+        run_config = absolute_paths(parse_run_config(args.run_config))
+        if args.cmd == "export":
+            for file in export_data(run_config, args.out):
+                print(file)
+            return 0
+        return run_local(args.nodes, args.workdir, run_config, args.insecure,
+                         args.kill_node_after)
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Launch a simulation the safe way: `feddb run --run-config "method='fixmatch'"`.
+
+What plain `flwr run .` does not do, this does:
+- validates the configuration (and finds the data) before anything starts;
+- sizes the federation from `fl.num_clients` (`num-supernodes`) and the client resources;
+- uses a project-local FLWR_HOME and its own free ports, so a stale SuperLink from elsewhere is
+  never reused, disables Flower's runtime dependency installation, and stops the SuperLink it
+  started (by pid) at the end;
+- exits non-zero when the run did not finish as `finished:completed` (`flwr run` exits 0 anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def parse_run_config(text: str) -> dict:
+    """Parse `--run-config "k1=v1 k2=v2"` as Flower does and reject keys the app does not have."""
+    from flwr.common.config import parse_config_args
+
+    values = parse_config_args([text]) if text else {}
+    with open(PROJECT / "pyproject.toml", "rb") as f:
+        known = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown run-config key(s) {unknown}; allowed: {', '.join(known)}")
+    return values
+
+
+PATH_KEYS = ("output-dir", "resume", "data-path")
+
+
+def absolute_paths(values: dict) -> dict:
+    """Relative paths are meant from where the user stands, not from the SuperLink's directory."""
+    out = dict(values)
+    for key in PATH_KEYS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = str(Path(out[key]).expanduser().resolve())
+    return out
+
+
+def format_run_config(values: dict) -> str:
+    """Back to Flower's `k1=v1 k2=v2` form (TOML values; strings as literal strings)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f"'{v}'" if "'" not in v else '"' + v.replace('"', '\\"') + '"'
+        return str(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in values.items())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def superlink_pids(port: int) -> list[int]:
+    """Pids of flower-superlink processes serving `port` (found through /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"flower-superlink" in c for c in cmd[:2]) and str(port).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("flwr"))
+    return subprocess.run([exe, *args], cwd=PROJECT, env=env, text=True,
+                          capture_output=capture, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
+    ap.add_argument("--cpus-per-client", type=int, default=1)
+    ap.add_argument("--gpus-per-client", default="0",
+                    help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
+                         "time), or auto: measured from one client round's peak GPU memory")
+    ap.add_argument("--federation-config", default="", help="extra Flower federation config")
+    ap.add_argument("--ray-address", default="",
+                    help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(PROJECT))
+    from fssl.config import ConfigError, resolve
+    from fssl.data import DataError, load_dataset
+
+    try:
+        run_config = absolute_paths(parse_run_config(args.run_config))
+        cfg, resume_dir = resolve(run_config)
+        load_dataset(cfg["dataset"])
+        if resume_dir is not None and not (resume_dir / "checkpoint.pt").is_file():
+            raise ConfigError(f"cannot resume: {resume_dir} has no checkpoint.pt yet")
+    except (ConfigError, DataError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    try:
+        gpus = gpus_per_client(args.gpus_per_client, cfg)
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    http_port, control_port = free_port(), free_port()
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if args.ray_address:
+        # Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from
+        # the SuperLink this launcher starts, makes it join the cluster instead of starting one.
+        env["RAY_ADDRESS"] = args.ray_address
+    fed = {"num-supernodes": cfg["fl"]["num_clients"],
+           "client-resources-num-cpus": args.cpus_per_client}
+    if gpus > 0:
+        fed["client-resources-num-gpus"] = gpus
+    for item in args.federation_config.split():                # user values win
+        key, _, value = item.partition("=")
+        fed[key] = value
+    fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
+    cmd = ["run", ".", "--format", "json", "--federation-config", fed_text]
+    if run_config:
+        cmd += ["--run-config", format_run_config(run_config)]
+    try:
+        started = flwr(cmd, env, capture=True)
+        try:
+            run_id = json.loads(started.stdout[started.stdout.find("{"):])["run-id"]
+        except (ValueError, KeyError):
+            print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
+                  file=sys.stderr)
+            return 1
+        flwr(["log", str(run_id), "--stream"], env)
+        listed = flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, capture=True)
+        try:
+            run = json.loads(listed.stdout[listed.stdout.find("{"):])["runs"][0]
+        except (ValueError, KeyError, IndexError):
+            print(f"error: cannot read the status of run {run_id}:\n{listed.stdout}",
+                  file=sys.stderr)
+            return 1
+        if run.get("status") != "finished:completed":
+            print(f"error: run {run_id} ended as {run.get('status')}: "
+                  f"{run.get('status-details', '')}", file=sys.stderr)
+            return 1
+        print(f"run {run_id}: {run['status']}")
+        return 0
+    finally:
+        stop(superlink_pids(http_port))
+
+
+def gpus_per_client(value: str, cfg: dict) -> float:
+    """`--gpus-per-client`: a share in [0, 1], or `auto` (feddb.resources)."""
+    if value == "auto":
+        from fssl.config import clients_per_round
+
+        from .resources import auto_gpus_per_client
+
+        share, how = auto_gpus_per_client(cfg, clients_per_round(cfg))
+        print(f"[launch] --gpus-per-client auto: {how}", flush=True)
+        return share
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise ValueError(f"--gpus-per-client must be a number in [0, 1] or auto, got {value!r}")
+    return share
+
+
+def stop(pids: list[int], grace: float = 15.0) -> None:
+    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if Path(f"/proc/{p}").exists()]
+        time.sleep(0.2)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,504 @@
+"""Tables and figures from run directories, in the paper's layout.
+
+    feddb report runs/sweep --out reports/sweep
+
+Reads every run directory below the given paths (a directory with config.yaml and metrics.jsonl),
+names each run by its paper row (FedAvg, FixMatch, FedMatch, FedRGD, SemiFL, X-FedDPL, FedDB, and
+the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
+- results.md: per partition (IID, δ=0.3, δ=0.1) a table of methods × datasets with mean(std) over
+  seeds of the final test accuracy and of the test accuracy at the round of best validation
+  accuracy (%), as the paper's Tables 1-3, collapsed runs flagged; paired per-seed differences
+  (FixMatch − FedAvg, X-FedDPL − X, FedDB − FixMatch-FedDPL, ...) with a 95 % interval; the
+  accuracy of confident pseudo-labels per method; the DPL/DMA ablation of FedDB's FixMatch client
+  (Table 4); results.csv: the numbers, one line per cell;
+- convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
+Each method keeps one colour in every figure (X-FedDPL: the light shade of X's, dashed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from server_app.recorder import run_summary
+
+NAMES = {"fedavg": "FedAvg", "fixmatch": "FixMatch", "fedmatch": "FedMatch", "fedrgd": "FedRGD",
+         "semifl": "SemiFL", "feddb": "FedDB"}
+ORDER = ["FedAvg", "FixMatch", "FedMatch", "FedRGD", "SemiFL", "FixMatch-FedDPL",
+         "FedMatch-FedDPL", "FedRGD-FedDPL", "SemiFL-FedDPL", "FedDB"]
+
+
+def variant(cfg: dict[str, Any]) -> str:
+    """The paper's row name of a run: the method, '-FedDPL' when DPL is added, and the switches
+    that differ from the method's defaults otherwise (e.g. 'FedDB w/o DMA', 'FixMatch+DMA')."""
+    m = cfg["method"]
+    name = NAMES.get(m["name"], m["name"])
+    dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
+    if dpl != bool(m["dpl"]):
+        name += "-FedDPL" if dpl and m["name"] != "feddb" else (" w/o DPL" if not dpl else "")
+    if dma != bool(m["dma"]):
+        name += "+DMA" if dma else " w/o DMA"
+    return name
+
+
+DATASETS = {"cifar10": "CIFAR10", "svhn": "SVHN", "cifar100": "CIFAR100", "mnist10k": "MNIST-10k"}
+
+
+def partition_label(cfg: dict[str, Any]) -> str:
+    p = cfg["partition"]
+    return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
+
+
+def setting(cfg: dict[str, Any]) -> str:
+    return f"{cfg['dataset']['name']} {partition_label(cfg)}"
+
+
+def partition_rank(part: str) -> tuple[int, float]:
+    """The paper's order: IID, then decreasing delta."""
+    return (0, 0.0) if part == "IID" else (1, -float(part[2:]))
+
+
+def dataset_rank(name: str) -> tuple[int, str]:
+    """The paper's column order (CIFAR10, SVHN, CIFAR100), then any other dataset by name."""
+    known = list(DATASETS)
+    return known.index(name) if name in known else len(known), name
+
+
+def partition_order(parts) -> list[str]:
+    return sorted(set(parts), key=partition_rank)
+
+
+def dataset_order(names) -> list[str]:
+    return sorted(set(names), key=dataset_rank)
+
+
+def setting_order(settings) -> list[str]:
+    """Per dataset (paper order), IID then decreasing delta."""
+    def key(s: str):
+        name, _, part = s.rpartition(" ")
+        return dataset_rank(name), partition_rank(part)
+    return sorted(set(settings), key=key)
+
+
+def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
+    """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
+    m = cfg["method"]
+    if m.get("trainer") != "fixmatch" or m.get("strategy", "fedavg") != "fedavg" or \
+            m.get("pseudo_labels", "round") != "round":
+        return None
+    return bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
+
+
+def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
+    runs = []
+    for root in paths:
+        for cfg_file in sorted(root.rglob("config.yaml")):
+            run_dir = cfg_file.parent
+            metrics = run_dir / "metrics.jsonl"
+            if not metrics.is_file():
+                continue
+            cfg = yaml.safe_load(cfg_file.read_text())
+            rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            if not rounds:
+                continue
+            summary = run_summary(rounds)
+            pooled = [x["pseudo_label_accuracy_pooled"] for x in rounds
+                      if x.get("pseudo_label_accuracy_pooled") is not None]
+            runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
+                         "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
+                         "partition": partition_label(cfg), "seed": cfg["seed"],
+                         "best": summary["best_test_accuracy"],
+                         "final": summary["final_test_accuracy"],
+                         # test accuracy at the best-validation round (final if no validation)
+                         "selected": summary["selected_test_accuracy"]
+                         if summary["selected_test_accuracy"] is not None
+                         else summary["final_test_accuracy"],
+                         "collapsed": summary["collapsed"],
+                         "max_top_class_share": summary["max_top_class_share_late"],
+                         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
+                         "complete": rounds[-1]["round"] >= cfg["num_rounds"]})
+    return runs
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN for a single value)."""
+    a = np.asarray(values, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else float("nan")
+
+
+def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
+    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '*' for unfinished runs,
+    '†n' when n of the runs ended collapsed (one class for over half of the test set)."""
+    if not values:
+        return "–"
+    m, s = mean_std([100 * v for v in values])
+    return (f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + ("" if complete else "*")
+            + (f" †{collapsed}" if collapsed else ""))
+
+
+def interval95(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95 % Student-t interval of paired differences (NaN bounds for n < 2)."""
+    from scipy import stats
+
+    a = np.asarray(diffs, dtype=float)
+    m = float(a.mean())
+    if len(a) < 2:
+        return m, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
+    return m, m - half, m + half
+
+
+# paired comparisons: (variant, reference); X-FedDPL − X for every X is added
+PAIRS = [("FixMatch", "FedAvg"), ("FixMatch-FedDPL", "FedAvg"), ("FedDB", "FedAvg"),
+         ("FedDB", "FixMatch-FedDPL"), ("FedDB w/o DPL", "FixMatch"), ("FedDB", "FixMatch")]
+
+
+def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any]]:
+    """Per setting, per pair: the per-seed differences of `key` on the seeds both have."""
+    by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    for r in runs:
+        by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
+    names = {v for _, v in by}
+    pairs = PAIRS + [(f"{x}-FedDPL", x) for x in ("FixMatch", "FedMatch", "FedRGD", "SemiFL")]
+    out = []
+    for sett in setting_order(s for s, _ in by):
+        for a, b in pairs:
+            if a not in names or b not in names:
+                continue
+            ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
+            seeds = sorted(set(ra) & set(rb))
+            vals = [(ra[s][key], rb[s][key]) for s in seeds
+                    if ra[s][key] is not None and rb[s][key] is not None]
+            if not vals:
+                continue
+            diffs = [100 * (x - y) for x, y in vals]
+            m, lo, hi = interval95(diffs)
+            out.append({"setting": sett, "a": a, "b": b, "seeds": len(vals), "diffs": diffs,
+                        "mean": m, "low": lo, "high": hi})
+    return out
+
+
+def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
+    out = [f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | {what} |",
+           "|---|---|---|---|---|---|---|"]
+    for p in rows:
+        ci = "–" if math.isnan(p["low"]) else f"[{p['low']:+.2f}, {p['high']:+.2f}]"
+        verdict = ("–" if math.isnan(p["low"]) else "above 0" if p["low"] > 0
+                   else "below 0" if p["high"] < 0 else "includes 0")
+        out.append(f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
+                   + " ".join(f"{d:+.2f}" for d in p["diffs"])
+                   + f" | {p['mean']:+.2f} | {ci} | {verdict} |")
+    return out
+
+
+def variant_rank(name: str) -> tuple[int, str]:
+    return ORDER.index(name) if name in ORDER else len(ORDER), name
+
+
+def variant_order(names) -> list[str]:
+    return sorted(set(names), key=variant_rank)
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (setting, variant): best and final accuracy over seeds."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["setting"], r["variant"])].append(r)
+    rows = []
+    for (sett, var), rs in groups.items():
+        rows.append({"setting": sett, "variant": var, "dataset": rs[0]["dataset"],
+                     "partition": rs[0]["partition"], "seeds": sorted(r["seed"] for r in rs),
+                     "complete": all(r["complete"] for r in rs),
+                     "collapsed": sum(r["collapsed"] for r in rs),
+                     "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
+                     "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
+                     "best": [r["best"] for r in rs], "final": [r["final"] for r in rs],
+                     "selected": [r["selected"] for r in rs]})
+    return rows
+
+
+def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """The paper's layout: per partition one table, methods down, datasets across, mean(std) over
+    seeds; then the ablation, partitions stacked as in the paper's Table 4."""
+    parts = partition_order(r["partition"] for r in rows)
+    datasets = dataset_order(r["dataset"] for r in rows)
+    head = " | ".join(DATASETS.get(d, d) for d in datasets)
+    cell = {(r["partition"], r["dataset"], r["variant"]): r for r in rows}
+    out = []
+    for key, title in (("final", "Final test accuracy"),
+                       ("selected", "Test accuracy at the best-validation round")):
+        for part in parts:
+            out += [f"### {title} (%), {part}: mean(std) over seeds", "",
+                    f"| method | {head} |", "|---" * (len(datasets) + 1) + "|"]
+            for var in variant_order(r["variant"] for r in rows if r["partition"] == part):
+                vals = [fmt(c[key], c["complete"], c["collapsed"] if key == "final" else 0)
+                        if (c := cell.get((part, d, var))) else "–" for d in datasets]
+                out.append(f"| {var} | " + " | ".join(vals) + " |")
+            out.append("")
+    out += [seed_note(rows) + " †n: n runs ended collapsed (one class predicted for more than "
+            "half of the test set).", ""]
+    pairs = paired(runs)
+    if pairs:
+        out += ["### Paired per-seed differences of final test accuracy (points)", "",
+                *paired_table(pairs, "the interval is"), ""]
+    semi = [r for r in rows if r["pl_accuracy"]]
+    if semi:
+        out += ["### Confident pseudo-labels and the collapse signal", "",
+                "| setting | method | confident pseudo-labels correct, % (mean over rounds) | "
+                "largest top-class share of test predictions, second half of the rounds | "
+                "collapsed runs |",
+                "|---|---|---|---|---|"]
+        for r in sorted(semi, key=lambda r: (r["setting"], variant_rank(r["variant"]))):
+            out.append(f"| {r['setting']} | {r['variant']} | {fmt(r['pl_accuracy'])} | "
+                       f"{r['max_top_class_share']:.2f} | {r['collapsed']} of {len(r['seeds'])} |")
+        pl_pairs = [p for p in paired([r for r in runs if r["pl_accuracy"] is not None],
+                                      "pl_accuracy") if p["a"].endswith("-FedDPL")
+                    or p["a"] == "FedDB"]
+        if pl_pairs:
+            out += ["", "Paired differences of confident pseudo-label accuracy (points):", "",
+                    *paired_table(pl_pairs, "the interval is")]
+        out.append("")
+    abl = ablation(runs)
+    if abl:
+        out += ["### Ablation: DPL and DMA on FedDB's client, final test accuracy (%)", "",
+                f"| partition | DPL | DMA | {head} |", "|---|---|---" + "|---" * len(datasets) + "|"]
+        mark = lambda b: "✓" if b else "–"  # noqa: E731
+        for part in parts:
+            for k in [(False, False), (True, False), (True, True), (False, True)]:
+                if any((part, d, k) in abl for d in datasets):
+                    out.append(f"| {part} | {mark(k[0])} | {mark(k[1])} | " +
+                               " | ".join(fmt(abl.get((part, d, k), [])) for d in datasets) + " |")
+        out += ["", "(DPL without DMA is FixMatch-FedDPL; a seed run both ways counts once.)", ""]
+    return "\n".join(out)
+
+
+def seed_note(rows: list[dict[str, Any]]) -> str:
+    """Which seeds the cells average, the exceptions listed; unfinished runs flagged."""
+    counts = defaultdict(list)
+    for r in rows:
+        counts[tuple(r["seeds"])].append(r)
+    common = max(counts, key=lambda k: len(counts[k]))
+    text = f"Each cell: seeds {', '.join(map(str, common))} ({len(common)} run" + \
+        ("s)" if len(common) > 1 else ")")
+    others = [f"{r['variant']} @ {r['setting']}: seeds {', '.join(map(str, r['seeds']))}"
+              for k, rs in counts.items() if k != common for r in rs]
+    text += ("; except " + "; ".join(sorted(others)) if others else "") + "."
+    if not all(r["complete"] for r in rows):
+        text += " * = some runs of the cell have not reached their last round."
+    return text
+
+
+def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, bool]], list[float]]:
+    """Final accuracy per (partition, dataset, (DPL, DMA)) of FedDB's client, one value per seed (the
+    same computation under two row names, e.g. FixMatch-FedDPL and FedDB w/o DMA, counts once)."""
+    seen: dict[tuple, float] = {}
+    for r in sorted(runs, key=lambda r: str(r["dir"])):
+        k = ablation_key(r["cfg"])
+        if k is not None:
+            seen.setdefault((r["partition"], r["dataset"], k, r["seed"]), r["final"])
+    out: dict[tuple[str, str, tuple[bool, bool]], list[float]] = defaultdict(list)
+    for (part, d, k, _), best in seen.items():
+        out[(part, d, k)].append(best)
+    return out
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["setting", "method", "seeds", "complete", "collapsed", "final_mean",
+                    "final_std", "selected_mean", "selected_std", "best_mean", "best_std"])
+        settings = setting_order(r["setting"] for r in rows)
+        for r in sorted(rows, key=lambda r: (settings.index(r["setting"]),
+                                             variant_rank(r["variant"]))):
+            bm, bs = mean_std([100 * v for v in r["best"]])
+            fm, fs = mean_std([100 * v for v in r["final"]])
+            sm, ss = mean_std([100 * v for v in r["selected"]])
+            num = lambda v: "" if math.isnan(v) else f"{v:.4f}"  # noqa: E731
+            w.writerow([r["setting"], r["variant"], len(r["seeds"]), r["complete"],
+                        r["collapsed"], num(fm), num(fs), num(sm), num(ss), num(bm), num(bs)])
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+# tab20 index per method (dark shade; X-FedDPL takes the light shade of X's colour, dashed)
+HUES = {"FixMatch": 0, "FedMatch": 2, "FedRGD": 4, "FedDB": 6, "SemiFL": 8,
+        "FedDB w/o DMA": 10, "FedDB w/o DPL": 12, "FedAvg": 14}
+
+
+def colours(variants: list[str]) -> dict[str, Any]:
+    """One colour per method in every figure: X and X-FedDPL share a hue (dark and light)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    spare = iter(i for i in [16, 18, 17, 19, 1, 3, 5, 7, 9, 11, 13, 15] * 4)
+    out = {}
+    for v in variant_order(variants):
+        base = v.removesuffix("-FedDPL")
+        i = HUES[base] + (base != v) if base in HUES else next(spare)
+        out[v] = cmap(i)
+    return out
+
+
+def dashes(variant: str) -> str:
+    return "--" if variant.endswith("-FedDPL") else "-"
+
+
+def series(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds, mean and std over seeds of a per-round value (rounds every run has)."""
+    n = min(len(r["rounds"]) for r in runs)
+    vals = np.array([[_num(key(x)) for x in r["rounds"][:n]] for r in runs], dtype=float)
+    with warnings.catch_warnings():                 # all-NaN rounds (e.g. no label passed tau)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
+        std = np.nanstd(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
+    return np.array([x["round"] for x in runs[0]["rounds"][:n]]), mean, std
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan")
+
+
+def _grid(n: int, plt, width: float = 5.5, height: float = 4.0):
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def _legend(ax) -> None:
+    """Below the axes, so that it never hides data."""
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+
+
+def _title(fig, text: str) -> None:
+    """A figure title wrapped to the figure's width."""
+    import textwrap
+
+    fig.suptitle(textwrap.fill(text, width=int(fig.get_figwidth() * 11)), fontsize=11)
+    fig.tight_layout()
+
+
+def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    col = colours([r["variant"] for r in runs])
+    by: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        by[r["setting"]][r["variant"]].append(r)
+    settings = setting_order(by)
+    written = []
+
+    def curves(name: str, panels: list[tuple[str, Any, str]], title: str, only=None) -> None:
+        fig, axes = _grid(len(settings) * len(panels), plt)
+        for i, s in enumerate(settings):
+            for j, (label, key, ylabel) in enumerate(panels):
+                ax = axes[i * len(panels) + j]
+                for var in variant_order(by[s]):
+                    rs = by[s][var]
+                    if only and not only(rs[0]):
+                        continue
+                    x, m, sd = series(rs, key)
+                    if np.isnan(m).all():
+                        continue
+                    ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
+                            lw=1.5)
+                    if len(rs) > 1:
+                        ax.fill_between(x, m - sd, m + sd, color=col[var], alpha=0.15, lw=0)
+                ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
+                ax.grid(alpha=0.3)
+                if ax.get_legend_handles_labels()[0]:
+                    _legend(ax)
+        _title(fig, title)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(out / name)
+
+    curves("convergence.png", [("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
+                               ("collapse signal", lambda x: x.get("top_class_share"),
+                                "share of the most-predicted class")],
+           "Convergence: test accuracy of the global model and the share of its most-predicted "
+           "class (mean ± std over seeds; above 0.5 = collapsed)")
+    curves("pseudo_labels.png",
+           [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy"), "accuracy"),
+            ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "fraction of unlabeled")],
+           "Pseudo-labels: accuracy of the confident labels and their share (mean over clients)",
+           only=lambda r: r["cfg"]["method"]["trainer"] != "supervised")
+    curves("js_divergence.png",
+           [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence (bits)"),
+            ("labeled prior vs class accuracy", lambda x: x.get("js_divergence_labeled"),
+             "JS divergence (bits)")],
+           "Estimated vs true bias (paper fig. 3): JS divergence to the normalised class-wise "
+           "accuracy")
+    curves("dma_weights.png",
+           [("weight entropy / log(clients)",
+             lambda x: (x["dma"]["weight_entropy"] / math.log(len(x["dma"]["weights"])))
+             if x.get("dma") and len(x["dma"]["weights"]) > 1 else None, "normalised entropy"),
+            ("L(beta) / L(uniform)",
+             lambda x: (x["dma"]["loss_weights"] / x["dma"]["loss_uniform"])
+             if x.get("dma") and x["dma"]["loss_uniform"] else None, "loss ratio")],
+           "DMA weights over rounds (1 = uniform averaging)", only=lambda r: r["cfg"]["dma"]["enabled"])
+
+    fig, axes = _grid(len(settings), plt, width=7.0)
+    for ax, s in zip(axes, settings):
+        names = variant_order(by[s])
+        k = len(by[s][names[0]][0]["rounds"][-1]["class_accuracy"])
+        width = 0.8 / len(names)
+        for i, var in enumerate(names):
+            acc = np.mean([r["rounds"][-1]["class_accuracy"] for r in by[s][var]], axis=0)
+            ax.bar(np.arange(k) + (i - (len(names) - 1) / 2) * width, acc, width, color=col[var],
+                   label=var)
+        ax.set(title=f"final model: {s}", xlabel="class", ylabel="test accuracy",
+               xticks=range(k), ylim=(0, 1.05))
+        _legend(ax)
+    _title(fig, "Class-wise test accuracy of the final global model (mean over seeds)")
+    fig.savefig(out / "class_accuracy.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    written.append(out / "class_accuracy.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="run directories or directories holding them")
+    ap.add_argument("--out", default="reports/latest", help="where to write tables and figures")
+    args = ap.parse_args(argv)
+    paths = [Path(p) for p in args.paths]
+    missing = [str(p) for p in paths if not p.is_dir()]
+    if missing:
+        print(f"error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    runs = load_runs(paths)
+    if not runs:
+        print(f"error: no run directories (config.yaml + metrics.jsonl) below {args.paths}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarise(runs)
+    text = markdown(runs, rows)
+    (out / "results.md").write_text(text)
+    write_csv(rows, out / "results.csv")
+    figs = figures(runs, out)
+    print(text)
+    print(f"[report] {len(runs)} runs; wrote {out / 'results.md'}, {out / 'results.csv'} and "
+          f"{', '.join(p.name for p in figs)} in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

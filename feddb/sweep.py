@@ -1,0 +1,127 @@
+"""Sweeps on Hydra multirun: each combination of row (method + switches) x dataset x partition x seed
+is one Flower simulation through the launcher (conf/sweeps/config.yaml says how; presets in
+conf/sweeps/sweep/). The sweep has its own config root so that `dataset=`, `partition=` and
+`experiment=` are plain values here, not the training configuration's groups.
+
+    feddb sweep -m sweep=mnist_miniature
+    feddb sweep -m row=fedavg,feddb seed=0,1,2 out=runs/mine run_config="num-server-rounds=20"
+
+A run whose directory holds a complete result (summary.json with every round) is skipped; one that
+was interrupted after a checkpoint is resumed from it; a failed run is recorded in
+<out>/sweep_status.jsonl and the sweep goes on. At the end the sweep lists what it ran, skipped and
+what failed (with the log of each failure) and exits 1 if anything failed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT = Path(__file__).resolve().parents[1]
+STATUS = "sweep_status.jsonl"
+
+
+def rows() -> dict[str, str]:
+    preset = yaml.safe_load((PROJECT / "conf" / "comparison" / "paper.yaml").read_text())
+    return {**preset["methods"], **preset["ablation"]}
+
+
+def run_dir_of(cfg: Any) -> Path:
+    return Path(str(cfg.out)).resolve() / f"{cfg.dataset}_{cfg.partition}" / str(cfg.row) / \
+        f"s{cfg.seed}"
+
+
+def complete(run_dir: Path) -> bool:
+    """summary.json written and every configured round in metrics.jsonl."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rounds = yaml.safe_load((run_dir / "config.yaml").read_text())["num_rounds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return summary.get("rounds") == rounds
+
+
+def run_one(cfg: Any) -> dict[str, Any]:
+    """Run (or skip, or resume) one combination; returns its status record."""
+    known = rows()
+    run_dir = run_dir_of(cfg)
+    record = {"row": str(cfg.row), "dataset": str(cfg.dataset), "partition": str(cfg.partition),
+              "seed": int(cfg.seed), "run_dir": str(run_dir), "time": time.time()}
+    if cfg.row not in known:
+        return {**record, "status": "failed",
+                "reason": f"unknown row '{cfg.row}'; choose from {', '.join(known)}"}
+    if complete(run_dir):
+        return {**record, "status": "skipped"}
+    if (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
+        run_config, record["resumed"] = f"resume='{run_dir}'", True
+    else:
+        run_config = (f"{known[cfg.row]} dataset='{cfg.dataset}' partition='{cfg.partition}' "
+                      f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' "
+                      f"{cfg.run_config}")
+    launcher = [sys.executable if a == "python" else str(a) for a in cfg.launcher]
+    cmd = [*launcher, "--run-config", run_config, *str(cfg.launcher_args).split()]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"s{cfg.seed}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        code = subprocess.call(cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT)
+    record.update(seconds=time.perf_counter() - t0, log=str(log), exit=code)
+    ok = code == 0 and complete(run_dir)
+    return {**record, "status": "done" if ok else "failed",
+            **({} if ok else {"reason": f"exit {code}, see {log}"})}
+
+
+def job(cfg: Any) -> None:
+    record = run_one(cfg)
+    out = Path(str(cfg.out)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / STATUS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"[sweep] {record['status']:7s} {record['row']} {record['dataset']}_{record['partition']} "
+          f"seed {record['seed']}" + (f": {record['reason']}" if "reason" in record else ""),
+          flush=True)
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra is a dependency
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class SweepSummary(Callback):
+    """At the end of a multirun: what ran, what was skipped, what failed (exit 1 if any)."""
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self.start = time.time()
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        file = Path(str(config.out)).resolve() / STATUS
+        records = [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() \
+            else []
+        mine = [r for r in records if r["time"] >= getattr(self, "start", 0)]
+        by = {s: [r for r in mine if r["status"] == s] for s in ("done", "skipped", "failed")}
+        print(f"[sweep] {len(mine)} combinations: {len(by['done'])} run, {len(by['skipped'])} "
+              f"already complete, {len(by['failed'])} failed", flush=True)
+        for r in by["failed"]:
+            print(f"[sweep] FAILED {r['row']} {r['dataset']}_{r['partition']} seed {r['seed']}: "
+                  f"{r['reason']}", flush=True)
+        if by["failed"]:
+            sys.exit(1)
+
+
+def main() -> None:
+    import hydra
+
+    sys.path.insert(0, str(PROJECT))
+    hydra.main(config_path=str(PROJECT / "conf" / "sweeps"), config_name="config",
+               version_base=None)(job)()
+
+
+if __name__ == "__main__":
+    main()
