@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -89,6 +90,52 @@ def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.Comple
                           capture_output=capture, check=False)
 
 
+ROUND = re.compile(r"\[feddb\] round +(\d+)/(\d+) +test acc ([0-9.]+)(?:.*val acc ([0-9.]+))?"
+                   r".*eta (\S+)")
+KEEP = ("[feddb]", "Traceback", "Error", "error:", "Exception")
+
+
+def progress_bar(line: str, width: int = 24) -> str | None:
+    """`[#####-----] round 12/40  test 91.2 %  val 90.8 %  eta 1m20s` for a round line."""
+    m = ROUND.search(line)
+    if not m:
+        return None
+    t, n = int(m.group(1)), int(m.group(2))
+    fill = round(width * t / max(n, 1))
+    val = f"  val {100 * float(m.group(4)):.1f} %" if m.group(4) else ""
+    return (f"[{'#' * fill}{'-' * (width - fill)}] round {t}/{n}  test "
+            f"{100 * float(m.group(3)):.1f} %{val}  eta {m.group(5)}")
+
+
+def follow_log(run_id: int, env: dict, verbose: bool) -> None:
+    """Stream the run's log: everything with --verbose; otherwise the project's own lines (and
+    errors), the rounds as one progress bar on a terminal and as lines elsewhere."""
+    exe = str(Path(sys.executable).with_name("flwr"))
+    proc = subprocess.Popen([exe, "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tty, bar_open = sys.stdout.isatty(), False
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if verbose:
+            print(line, flush=True)
+            continue
+        if not any(k in line for k in KEEP):
+            continue
+        bar = progress_bar(line) if tty else None
+        if bar is not None:
+            print("\r" + bar, end="", flush=True)
+            bar_open = True
+            continue
+        if bar_open:
+            print()
+            bar_open = False
+        print(line[line.find("[feddb]"):] if "[feddb]" in line else line, flush=True)
+    if bar_open:
+        print()
+    proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
@@ -97,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
                          "time), or auto: measured from one client round's peak GPU memory")
     ap.add_argument("--federation-config", default="", help="extra Flower federation config")
+    ap.add_argument("--verbose", action="store_true",
+                    help="show Flower's and Ray's own log lines (hidden by default)")
     ap.add_argument("--ray-address", default="",
                     help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
     args = ap.parse_args(argv)
@@ -150,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
                   file=sys.stderr)
             return 1
-        flwr(["log", str(run_id), "--stream"], env)
+        follow_log(run_id, env, args.verbose)
         listed = flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, capture=True)
         try:
             run = json.loads(listed.stdout[listed.stdout.find("{"):])["runs"][0]

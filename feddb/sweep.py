@@ -77,15 +77,46 @@ def run_one(cfg: Any) -> dict[str, Any]:
             **({} if ok else {"reason": f"exit {code}, see {log}"})}
 
 
+PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0}
+
+
+def count_jobs(params: dict[str, str], task: list[str]) -> int:
+    """Combinations of a simple multirun: the product of the comma-separated lists of the
+    preset's sweeper params and the command line's overrides (0 when it cannot tell)."""
+    values = {str(k): str(v) for k, v in params.items()}
+    for item in task:
+        key, sep, val = str(item).partition("=")
+        if sep:
+            values[key.lstrip("+~")] = val
+    total = 1
+    for v in values.values():
+        if "(" in v:                       # range(), choice(), ...: not counted
+            return 0
+        total *= len([x for x in v.split(",") if x != ""]) or 1
+    return total
+
+
+def eta(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
+
+
 def job(cfg: Any) -> None:
     record = run_one(cfg)
     out = Path(str(cfg.out)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / STATUS, "a") as f:
         f.write(json.dumps(record) + "\n")
-    print(f"[sweep] {record['status']:7s} {record['row']} {record['dataset']}_{record['partition']} "
-          f"seed {record['seed']}" + (f": {record['reason']}" if "reason" in record else ""),
-          flush=True)
+    PROGRESS["done"] += 1
+    PROGRESS["ran"] += record["status"] != "skipped"
+    done, total = PROGRESS["done"], PROGRESS["total"]
+    progress = f"{done}/{total}" if total else f"{done}"
+    if total and PROGRESS["ran"]:
+        spent = time.time() - PROGRESS["start"]
+        progress += f", eta {eta(spent / PROGRESS['ran'] * (total - done))}"
+    print(f"[sweep] {progress:>16s}  {record['status']:7s} {record['row']} "
+          f"{record['dataset']}_{record['partition']} seed {record['seed']}"
+          + (f": {record['reason']}" if "reason" in record else ""), flush=True)
 
 
 try:
@@ -99,6 +130,12 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self.start = time.time()
+        try:
+            params = dict(config.hydra.sweeper.params or {})
+            task = list(config.hydra.overrides.task)
+        except Exception:  # noqa: BLE001 - progress is a nicety
+            params, task = {}, []
+        PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         file = Path(str(config.out)).resolve() / STATUS

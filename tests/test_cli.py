@@ -30,3 +30,22 @@ def test_every_subcommand_has_help(cmd):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert ("usage" in res.stdout.lower()) or ("powered by hydra" in res.stdout.lower())
+
+
+def test_round_lines_become_a_progress_bar():
+    from feddb.launch import progress_bar
+
+    line = ("INFO :      [feddb] round  12/40  test acc 0.9120  val acc 0.9080  loss 0.31  "
+            "pl ratio 0.50  top class 0.12  2.1s/round  eta 1m20s")
+    assert progress_bar(line) == ("[#######-----------------] round 12/40  test 91.2 %  "
+                                  "val 90.8 %  eta 1m20s")
+    assert progress_bar("INFO : Starting Flower ServerApp") is None
+
+
+def test_sweep_counts_its_combinations():
+    from feddb.sweep import count_jobs
+
+    params = {"row": "fedavg,fixmatch,feddb", "seed": "0,1,2,3,4"}
+    assert count_jobs(params, ["sweep=mnist_miniature"]) == 15
+    assert count_jobs(params, ["sweep=mnist_miniature", "seed=3,4"]) == 6
+    assert count_jobs({"seed": "range(0,3)"}, []) == 0
