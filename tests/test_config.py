@@ -40,7 +40,7 @@ def test_paper_presets(name):
 @pytest.mark.parametrize("rc,match", [
     ({"method": "fedbogus"}, "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl"),
     ({"dataset": "imagenet"}, "unknown dataset 'imagenet': choose one of cifar10, cifar100, "
-                              "mnist10k, npz, svhn"),
+                              "hf, imagefolder, mnist10k, npz, svhn"),
     ({"partition": "dir0.5"}, "unknown partition 'dir0.5'"),
     ({"overrides": "train.tau=1.5"}, "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
     ({"overrides": "train.tau=0"}, "`train.tau`: 0"),

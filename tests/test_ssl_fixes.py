@@ -132,8 +132,8 @@ def test_cnn_keeps_spatial_features_in_a_hidden_layer():
 
 def test_labels_only_weights_count_the_examples_a_client_trains_on():
     """n_m/N for labels-only FedAvg counts labels, not the unlabeled images it never sees."""
-    parsed = [{"metrics": {"num_labeled": 1, "num_unlabeled": 600}},
-              {"metrics": {"num_labeled": 9, "num_unlabeled": 100}}]
+    parsed = [{"metrics": {"partition_id": 0, "num_labeled": 1, "num_unlabeled": 600}},
+              {"metrics": {"partition_id": 1, "num_labeled": 9, "num_unlabeled": 100}}]
     fedavg = make_strategy(compose(["method=fedavg", "server.weighting=samples"]), 10)
     assert fedavg.aggregation_weights(parsed)[0].tolist() == pytest.approx([0.1, 0.9])
     fixmatch = make_strategy(compose(["method=fixmatch", "server.weighting=samples"]), 10)
@@ -197,6 +197,9 @@ def test_minibatch_pseudo_labels_come_from_the_received_model():
 
 def test_the_lr_is_chosen_per_client_objective():
     assert compose(["method=fedavg"])["train"]["lr"] == 0.1
-    assert compose(["method=feddb"])["train"]["lr"] == 0.03
+    assert compose(["method=feddb"])["train"]["lr"] == 0.1
+    # each client objective reads its own tuned value (FedDB's client is FixMatch's)
+    assert compose(["method=feddb", "tuned_lr.fixmatch=0.07"])["train"]["lr"] == 0.07
+    assert compose(["method=fedavg", "tuned_lr.fixmatch=0.07"])["train"]["lr"] == 0.1
     assert compose(["method=fedavg", "train.lr=0.05"])["train"]["lr"] == 0.05
     assert compose(["experiment=paper/cifar10_iid", "method=fedavg"])["train"]["lr"] == 0.03
