@@ -161,4 +161,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run the importable module's main: Hydra instantiates SweepSummary from `feddb.sweep`, and
+    # the progress it counts must be the jobs' (python -m would give two module copies)
+    from feddb.sweep import main as package_main
+
+    package_main()
