@@ -215,6 +215,9 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(rb["num_selected"] is None or (isinstance(rb["num_selected"], int)
                                             and rb["num_selected"] >= 1),
              "server.robust.num_selected", rb["num_selected"], "an integer >= 1, or null")
+    _require(rb["min_cosine"] is None or (_number(rb["min_cosine"])
+                                          and -1 <= rb["min_cosine"] <= 1),
+             "server.robust.min_cosine", rb["min_cosine"], "a number in [-1, 1], or null")
     _require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
              "partition, reported")
     _require(server["max_samples"] is None or (isinstance(server["max_samples"], int)

@@ -309,10 +309,17 @@ class WeightedAverage(FedAvg):
                 log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
                     "norm)", self.last_round.get("round"), len(info["clipped"]),
                     info["norm_bound"], rb["clip"])
+        keep = list(range(len(client_arrays)))
+        if rb["min_cosine"] is not None and len(client_arrays) > 2:
+            cos = robust.median_agreement(self.global_arrays, client_arrays)
+            keep = [i for i in keep if cos[i] >= rb["min_cosine"]] or keep
+            diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
+                                                       if i not in keep])
         if rb["rule"] in ("krum", "multikrum"):
             f = rb["num_malicious"]
-            k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(client_arrays) - f)
-            keep = robust.krum_select(client_arrays, f, k)
+            k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)
+            keep = [keep[i] for i in robust.krum_select([client_arrays[i] for i in keep], f, k)]
+        if len(keep) < len(client_arrays):
             total = float(np.sum(weights))
             kept = np.asarray(weights, dtype=np.float64)[keep]
             weights = (kept * total / kept.sum() if kept.sum() > 0

@@ -3,6 +3,8 @@
 - Norm bound (`server.robust.clip` = c): each client's update D_m = w_m - w is scaled down to at most
   c x the round's median update norm, so a reply of w + 1000 D moves the model no further than an
   honest one could.
+- Agreement filter (`server.robust.min_cosine`): drop the updates whose cosine with the round's
+  coordinate-wise median update is below the threshold (a sign-flipped update points against it).
 - Rules (`server.robust.rule`): `mean` (the weighted average: DMA's or n_m/N weights), `median`
   and `trimmed_mean` (coordinate-wise; they have no weights, so DMA cannot steer them), `krum` and
   `multikrum` (keep the clients closest to their neighbours, then the weighted average over them,
@@ -53,6 +55,17 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
                         ).astype(v.dtype) if k in global_arrays and
                     np.issubdtype(v.dtype, np.floating) else v for k, v in a.items()})
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
+
+
+def median_agreement(global_arrays: dict[str, np.ndarray],
+                     client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """Cosine similarity of each client's update with the coordinate-wise median update."""
+    keys = float_keys(global_arrays)
+    flat = np.stack([np.concatenate([(a[k].astype(np.float64) - global_arrays[k]).ravel()
+                                     for k in keys]) for a in client_arrays])
+    ref = np.median(flat, axis=0)
+    norms = np.linalg.norm(flat, axis=1) * np.linalg.norm(ref)
+    return np.where(norms > 0, flat @ ref / np.maximum(norms, 1e-300), 0.0)
 
 
 def krum_select(client_arrays: list[dict[str, np.ndarray]], num_malicious: int,

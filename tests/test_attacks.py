@@ -142,3 +142,15 @@ def test_flowers_dp_wrapper_runs_around_the_projects_strategy(small_npz, tmp_pat
         run(tmp_path, f"tight{rounds}", small_npz, "feddb", None,
             "dp.mode=fixed dp.noise_multiplier=0 dp.clipping_norm=1e-6", rounds=rounds)
     assert 0 < np.linalg.norm(flat("tight2") - flat("tight1")) <= 1e-6 * (1 + 1e-6)
+
+
+def test_the_agreement_filter_drops_an_update_against_the_median():
+    from strategy.robust import median_agreement
+
+    rng = np.random.default_rng(0)
+    common = rng.normal(size=50)
+    g = {"w": np.zeros(50, np.float32)}
+    honest = [{"w": (common + rng.normal(size=50)).astype(np.float32)} for _ in range(4)]
+    flipped = {"w": -honest[0]["w"]}
+    cos = median_agreement(g, honest + [flipped])
+    assert (cos[:4] > 0).all() and cos[4] < 0
