@@ -41,6 +41,7 @@ from fssl.methods import make_model, make_trainer  # noqa: E402
 from fssl.runtime import data_meta  # noqa: E402
 from fssl.train import ClientData, to_nchw  # noqa: E402
 
+EXPERIMENT = "paper/cifar10_dir0.3"     # the paper's protocol: full batch, E = 5, lr 0.03, tau 0.95
 PRESETS = {   # clients per round, labeled and unlabeled images per client, local epochs
     "small": dict(dataset="mnist10k", model="cnn", clients=10, labeled=50, unlabeled=400, epochs=5),
     "paper": dict(dataset="cifar10", model="wrn28_2", clients=10, labeled=40, unlabeled=500,
@@ -75,6 +76,25 @@ def client_images(args, ds) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np
         li, ui = idx[c * per:c * per + args.labeled], idx[c * per + args.labeled:(c + 1) * per]
         out.append((ds.x_train[li], ds.y_train[li], ds.x_train[ui], ds.y_train[ui]))
     return out
+
+
+def write_random_cifar10(root: Path, n_train: int = 50000, n_test: int = 10000, seed: int = 0) -> Path:
+    """CIFAR-10's own on-disk format (cifar-10-batches-py pickles) holding random images and labels:
+    the paper's shapes for speed measurements where the real data cannot be had."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    base = Path(root) / "cifar-10-batches-py"
+    base.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    sizes = [n_train // 5] * 5 + [n_test]
+    for name, n in zip(names, sizes):
+        batch = {b"batch_label": name.encode(), b"labels": rng.integers(0, 10, n).tolist(),
+                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"filenames": [f"{i}.png".encode() for i in range(n)]}
+        with open(base / name, "wb") as f:
+            pickle.dump(batch, f, protocol=2)
+    return Path(root)
 
 
 # -- the reference path --------------------------------------------------------------------------
@@ -162,18 +182,22 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def flwr_rounds(args, rounds: int) -> dict:
-    """A real simulation of the same round (the launcher, Ray backend): wall time per round against
-    the clients' own training time."""
+def flwr_rounds(args, rounds: int, gpus: str) -> dict:
+    """A real simulation of the same protocol (the launcher, Ray backend): wall time per round
+    against the clients' own training time. The paper preset runs the paper's federation (100
+    clients, 10 a round, Dirichlet 0.3); the small one `--clients` clients, all every round."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        overrides = (f"fl.num_clients={args.clients} fl.fraction_train=1.0 train.tau=1e-6 "
-                     f"checkpoint.every=0 model={args.model}")
-        rc = (f"dataset='{args.dataset}' num-server-rounds={rounds} output-dir='{out}' "
-              f"overrides='{overrides}'" + (f" data-path='{args.data_path}'" if args.data_path else ""))
+        overrides = "train.tau=1e-6 checkpoint.every=0"
+        if args.preset != "paper":
+            overrides += f" fl.num_clients={args.clients} fl.fraction_train=1.0"
+        rc = (f"experiment='{EXPERIMENT}' dataset='{args.dataset}' model='{args.model}' "
+              f"num-server-rounds={rounds} output-dir='{out}' overrides='{overrides}'"
+              + (f" data-path='{args.data_path}'" if args.data_path else ""))
         env = dict(os.environ, FLWR_HOME=str(Path(tmp) / "flwr-home"))
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-m", "feddb.launch", "--run-config", rc],
+        res = subprocess.run([sys.executable, "-m", "feddb.launch", "--gpus-per-client", gpus,
+                              "--run-config", rc],
                              cwd=PROJECT, env=env, capture_output=True, text=True)
         total = time.perf_counter() - t0
         if res.returncode != 0:
@@ -182,10 +206,13 @@ def flwr_rounds(args, rounds: int) -> dict:
     later = recs[1:] or recs                      # round 1 also starts the Ray workers
     wall = float(np.mean([r["round_seconds"] for r in later]))
     train = float(np.mean([sum(c["train_seconds"] for c in r["clients"]) for r in later]))
+    slowest = float(np.mean([max(c["train_seconds"] for c in r["clients"]) for r in later]))
     workers = min(args.clients, os.cpu_count() or 1)        # one CPU per client (launcher default)
+    critical = max(slowest, train / workers)     # the round's training if clients ran in parallel
     return {"rounds": rounds, "launcher_seconds": total, "round_wall_seconds": wall,
-            "client_train_seconds_sum": train, "parallel_clients": workers,
-            "overhead_seconds": wall - train / workers,
+            "client_train_seconds_sum": train, "slowest_client_seconds": slowest,
+            "parallel_clients": workers, "training_critical_seconds": critical,
+            "overhead_seconds": wall - critical,
             "first_round_seconds": recs[0]["round_seconds"]}
 
 
@@ -202,8 +229,16 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="torch.compile the project's model")
     ap.add_argument("--flwr-rounds", type=int, default=2,
                     help="rounds of a real `flwr run` to time (0: skip; needs flwr)")
+    ap.add_argument("--gpus-per-client", default="auto",
+                    help="GPU share per simulated client on CUDA (feddb run's option)")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--write-random-cifar10", metavar="DIR",
+                    help="only write CIFAR-10's files filled with random images into DIR (for a "
+                         "timed `feddb run` of a paper preset without the real data), then exit")
     args = ap.parse_args()
+    if args.write_random_cifar10:
+        print(f"random CIFAR-10 written to {write_random_cifar10(Path(args.write_random_cifar10))}")
+        return 0
     device = torch.device("cuda" if args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available()) else "cpu")
     preset = PRESETS[args.preset or ("paper" if device.type == "cuda" else "small")]
@@ -211,7 +246,7 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
 
-    cfg = compose([f"dataset={args.dataset}", f"model={args.model}", "train.tau=1e-6",
+    cfg = compose([f"experiment={EXPERIMENT}", f"dataset={args.dataset}", f"model={args.model}", "train.tau=1e-6",
                    f"train.local_epochs={args.epochs}", f"train.compile={str(args.compile).lower()}",
                    f"device={device.type}"] +
                   ([f"dataset.path='{args.data_path}'"] if args.data_path else []))
@@ -257,6 +292,7 @@ def main() -> int:
                        torch.from_numpy(d).to(device)) for a, b, c, d in clients]
     d0 = data[0]
     opt = trainer.prepare(model, 0.03, seed=0)
+    trainer.lambda_u = cfg["train"]["lambda_u"]        # as fit() sets it after the warm-up
     prior = torch.full((meta["num_classes"],), 1.0 / meta["num_classes"], device=device)
     trainer.begin_round(model, d0, trainer.weak_probs(model, d0), prior)
     lab = torch.arange(len(d0.y_l), device=device)
@@ -291,7 +327,9 @@ def main() -> int:
     if args.flwr_rounds > 0:
         try:
             import flwr  # noqa: F401
-            results["flwr_simulation"] = flwr_rounds(args, args.flwr_rounds)
+            results["flwr_simulation"] = flwr_rounds(args, args.flwr_rounds,
+                                                     args.gpus_per_client if device.type == "cuda"
+                                                     else "0")
         except ImportError:
             results["flwr_simulation"] = {"error": "flwr is not installed here"}
 
@@ -308,12 +346,13 @@ def main() -> int:
           f"{results['peak_memory']['reference']} | |")
     sim = results.get("flwr_simulation")
     if sim and "error" not in sim:
-        print(f"\nflwr run simulation of {args.clients} clients on the {args.dataset} partition "
-              f"({sim['rounds']} rounds, Ray backend, {sim['parallel_clients']} clients at a time): "
+        print(f"\nflwr run simulation ({sim['rounds']} rounds, Ray backend): "
               f"{sim['round_wall_seconds']:.2f} s per round after the first (first "
               f"{sim['first_round_seconds']:.2f} s); the clients' own training, measured inside "
-              f"the simulation, sums to {sim['client_train_seconds_sum']:.2f} s, so Flower and Ray "
-              f"add about {sim['overhead_seconds']:.2f} s per round; the whole launcher took "
+              f"the simulation, sums to {sim['client_train_seconds_sum']:.2f} s a round, the "
+              f"slowest client {sim['slowest_client_seconds']:.2f} s, so training takes at least "
+              f"{sim['training_critical_seconds']:.2f} s and Flower, Ray and the server add about "
+              f"{sim['overhead_seconds']:.2f} s per round; the whole launcher took "
               f"{sim['launcher_seconds']:.0f} s including start-up")
     elif sim:
         print(f"\nflwr run simulation skipped: {sim['error']}")

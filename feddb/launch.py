@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -85,7 +86,8 @@ def superlink_pids(port: int) -> list[int]:
 
 
 def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.CompletedProcess:
-    exe = str(Path(sys.executable).with_name("flwr"))
+    exe = Path(sys.executable).with_name("flwr")            # the environment's own flwr first,
+    exe = str(exe) if exe.exists() else shutil.which("flwr") or "flwr"   # else the one on PATH
     return subprocess.run([exe, *args], cwd=PROJECT, env=env, text=True,
                           capture_output=capture, check=False)
 
@@ -110,7 +112,8 @@ def progress_bar(line: str, width: int = 24) -> str | None:
 def follow_log(run_id: int, env: dict, verbose: bool) -> None:
     """Stream the run's log: everything with --verbose; otherwise the project's own lines (and
     errors), the rounds as one progress bar on a terminal and as lines elsewhere."""
-    exe = str(Path(sys.executable).with_name("flwr"))
+    exe = Path(sys.executable).with_name("flwr")            # the environment's own flwr first,
+    exe = str(exe) if exe.exists() else shutil.which("flwr") or "flwr"   # else the one on PATH
     proc = subprocess.Popen([exe, "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     tty, bar_open = sys.stdout.isatty(), False

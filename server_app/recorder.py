@@ -37,6 +37,7 @@ class RoundRecorder:
         self.history: list[dict[str, Any]] = []
         self.t_last = time.perf_counter()
         self.t_start = self.t_last
+        self.write_seconds = 0.0
         self.tb = None                     # TensorBoard writer, opened at the first round written
 
     def tensorboard(self, record: dict[str, Any]) -> None:
@@ -95,16 +96,20 @@ class RoundRecorder:
         return out
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        t0 = time.perf_counter()
         ev = self.evaluate(arrays)
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         now = time.perf_counter()
+        seconds, self.t_last = now - self.t_last, now      # the whole cycle since the last one
         if server_round > 0:
-            self.write(server_round, ev, now - self.t_last)
+            timing = self.strategy.last_round.setdefault("timing", {})
+            timing.update({"evaluate": now - t0, "record_previous_round": self.write_seconds})
+            self.write(server_round, ev, seconds)
         else:
             self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
         self.prev_class_acc = cls_acc
-        self.t_last = time.perf_counter()
+        self.write_seconds = time.perf_counter() - now     # metrics.jsonl, TensorBoard, the line
         return MetricRecord({"test_accuracy": acc, "test_loss": loss})
 
     def write(self, server_round: int, ev: dict[str, Any], seconds: float) -> None:
@@ -167,6 +172,7 @@ class RoundRecorder:
             if clients else None,
             "class_accuracy_normalised": normalise(cls_acc).tolist(),
             "federated_evaluation": info.get("federated_evaluation"),
+            "timing": info.get("timing"),          # seconds of the round's parts (server side)
         }
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -153,21 +154,32 @@ class WeightedAverage(FedAvg):
         """Rounds `first_round`..num_rounds (Strategy.start always begins at 1; a resumed run
         does not): train, aggregate, optional federated evaluation, central evaluation, hook."""
         timeout = self.cfg["fl"]["round_timeout"]
+        after_previous = 0.0
         for server_round in range(first_round, self.cfg["num_rounds"] + 1):
             drv = self.driver
-            replies = grid.send_and_receive(
-                drv.configure_train(server_round, arrays, ConfigRecord(), grid), timeout=timeout)
+            clock = Stopwatch()
+            messages = list(drv.configure_train(server_round, arrays, ConfigRecord(), grid))
+            clock.lap("configure")
+            replies = list(grid.send_and_receive(messages, timeout=timeout))
+            clock.lap("communicate")       # messages out, the clients' work, replies back
             self.last_round.update({"clients": [], "failures": [], "skipped": True})
             new, _ = drv.aggregate_train(server_round, replies)
             if new is not None:
                 arrays = new
+            clock.lap("aggregate")
             messages = list(self.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
             if messages:
                 agg = self.aggregate_evaluate(
                     server_round, grid.send_and_receive(messages, timeout=timeout))
                 self.last_round["federated_evaluation"] = dict(agg) if agg else None
+                clock.lap("federated_evaluate")
+            # seconds of this round's parts (the recorder adds its own); a round's checkpoint
+            # comes after its record is written, so each record carries the previous round's
+            self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous}
             evaluate_fn(server_round, arrays)
+            clock.lap("evaluate_and_record")
             after_round(server_round, arrays)
+            after_previous = clock.lap("checkpoint")
         return arrays
 
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
@@ -356,6 +368,20 @@ class WeightedAverage(FedAvg):
             self.momentum_buffer[key] = buf
             new[key] = (old.astype(np.float64) - s * buf).astype(old.dtype)
         return new
+
+
+class Stopwatch:
+    """Named laps of a round, in seconds."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.laps[name] = now - self.t
+        self.t = now
+        return self.laps[name]
 
 
 def gradient_diversity(global_arrays: dict[str, np.ndarray],
