@@ -10,12 +10,14 @@ data. Either way the data stays resident on the training device for the life of 
 from __future__ import annotations
 
 import json
+import time
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.attacks import apply_attack, attack_of
 from fssl.methods import make_trainer
+from fssl.profiling import profiled
 from fssl.runtime import client_data_for, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
@@ -24,6 +26,7 @@ app = ClientApp()
 
 
 def _setup(msg: Message, context: Context):
+    t0 = time.perf_counter()
     cfg = json.loads(msg.content["config"]["run-config"])
     meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
@@ -32,6 +35,7 @@ def _setup(msg: Message, context: Context):
     own_file = context.node_config.get("data-path")    # deployment: this client's data only
     pid = partition_of(msg, context, bool(own_file))
     data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
+    cfg["setup_seconds"] = time.perf_counter() - t0     # config, model, received state, data
     return cfg, pid, meta, data, model
 
 
@@ -51,6 +55,7 @@ def partition_of(msg: Message, context: Context, own_data: bool) -> int:
 
 
 @app.train()
+@profiled("client")
 def train(msg: Message, context: Context) -> Message:
     cfg, pid, meta, data, model = _setup(msg, context)
     conf = msg.content["config"]
@@ -67,13 +72,17 @@ def train(msg: Message, context: Context) -> Message:
     if keep:
         context.state[slot] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
+    metrics["setup_seconds"] = cfg["setup_seconds"]
+    t0 = time.perf_counter()
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     attack = attack_of(context.node_config)             # tests and the attack benchmark only
     if attack:
         state, metrics = apply_attack(attack, msg.content["arrays"].to_torch_state_dict(),
                                       state, metrics)
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
-    content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
+    arrays = ArrayRecord(state)
+    metrics["reply_seconds"] = time.perf_counter() - t0          # the state into the reply
+    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
 

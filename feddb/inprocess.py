@@ -40,10 +40,17 @@ def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
 
 
 class LocalGrid(Grid):
+    """Nodes in this process. By default `send_and_receive` runs the clients at once
+    (`synchronous`: the strategy sends a round's instructions after the previous round's
+    evaluation); with `overlap` instructions wait in a queue until pulled, as a SuperLink's do, so
+    the strategy's overlapped loop (next round out before this one's evaluation) runs too."""
+
     def __init__(self, client_app, num_nodes: int, hook: Callable | None = None,
-                 node_config: dict[int, dict] | None = None) -> None:
+                 node_config: dict[int, dict] | None = None, overlap: bool = False) -> None:
         """`node_config`: extra node_config entries by partition id (e.g. a test's attack)."""
         self.client_app, self.hook = client_app, hook
+        self.synchronous = not overlap
+        self.queued: dict[str, Message] = {}
         extra = node_config or {}
         self.contexts = {
             5000 + 17 * i: Context(run_id=1, node_id=5000 + 17 * i,
@@ -66,31 +73,38 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages):
-        raise NotImplementedError
+        ids = []
+        for msg in messages:
+            ins = self.instruction(msg)
+            self.queued[ins.metadata.message_id] = ins
+            ids.append(ins.metadata.message_id)
+        return ids
 
     def pull_messages(self, message_ids):
-        raise NotImplementedError
+        replies = [self.answer(self.queued.pop(i)) for i in list(message_ids) if i in self.queued]
+        return [r for r in replies if r is not None]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        replies = []
-        for msg in messages:
-            dst = msg.metadata.dst_node_id
-            ins = Message(content=msg.content,
-                          metadata=make_metadata(msg.metadata.message_type, src=0, dst=dst))
-            ctx = self.contexts[dst]
-            try:
-                reply = self.client_app(ins, ctx)
-            except Exception as err:  # noqa: BLE001 - what Flower's runtime does
-                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=ins)
-            if self.hook is not None:
-                reply = self.hook(ins, ctx, reply)
-            if reply is not None:
-                replies.append(reply)
-        return replies
+        replies = [self.answer(self.instruction(msg)) for msg in messages]
+        return [r for r in replies if r is not None]
+
+    def instruction(self, msg: Message) -> Message:
+        return Message(content=msg.content, metadata=make_metadata(
+            msg.metadata.message_type, src=0, dst=msg.metadata.dst_node_id))
+
+    def answer(self, ins: Message) -> Message | None:
+        """The ClientApp's reply (an error reply if it raised), passed through the hook."""
+        ctx = self.contexts[ins.metadata.dst_node_id]
+        try:
+            reply = self.client_app(ins, ctx)
+        except Exception as err:  # noqa: BLE001 - what Flower's runtime does
+            reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=ins)
+        return self.hook(ins, ctx, reply) if self.hook is not None else reply
 
 
 def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callable | None = None,
-                   app=None, node_config: dict[int, dict] | None = None) -> None:
+                   app=None, node_config: dict[int, dict] | None = None,
+                   overlap: bool = False) -> None:
     """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
     from client_app.app import app as client_app
     from fssl.config import resolve
@@ -101,7 +115,7 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
     if num_nodes is None:
         num_nodes = resolve(rc)[0]["fl"]["num_clients"]
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    server_app(LocalGrid(app or client_app, num_nodes, hook, node_config), ctx)
+    server_app(LocalGrid(app or client_app, num_nodes, hook, node_config, overlap), ctx)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,10 +85,14 @@ def superlink_pids(port: int) -> list[int]:
     return pids
 
 
+def flwr_exe() -> str:
+    """The environment's own `flwr` first, else the one on PATH."""
+    exe = Path(sys.executable).with_name("flwr")
+    return str(exe) if exe.exists() else shutil.which("flwr") or "flwr"
+
+
 def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("flwr")            # the environment's own flwr first,
-    exe = str(exe) if exe.exists() else shutil.which("flwr") or "flwr"   # else the one on PATH
-    return subprocess.run([exe, *args], cwd=PROJECT, env=env, text=True,
+    return subprocess.run([flwr_exe(), *args], cwd=PROJECT, env=env, text=True,
                           capture_output=capture, check=False)
 
 
@@ -112,9 +116,7 @@ def progress_bar(line: str, width: int = 24) -> str | None:
 def follow_log(run_id: int, env: dict, verbose: bool) -> None:
     """Stream the run's log: everything with --verbose; otherwise the project's own lines (and
     errors), the rounds as one progress bar on a terminal and as lines elsewhere."""
-    exe = Path(sys.executable).with_name("flwr")            # the environment's own flwr first,
-    exe = str(exe) if exe.exists() else shutil.which("flwr") or "flwr"   # else the one on PATH
-    proc = subprocess.Popen([exe, "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
+    proc = subprocess.Popen([flwr_exe(), "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     tty, bar_open = sys.stdout.isatty(), False
     assert proc.stdout is not None
@@ -172,17 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    env = dict(os.environ)
-    env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
-    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-    http_port, control_port = free_port(), free_port()
-    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    if args.ray_address:
-        # Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from
-        # the SuperLink this launcher starts, makes it join the cluster instead of starting one.
-        env["RAY_ADDRESS"] = args.ray_address
     fed = {"num-supernodes": cfg["fl"]["num_clients"],
            "client-resources-num-cpus": args.cpus_per_client}
     if gpus > 0:
@@ -190,10 +181,29 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.federation_config.split():                # user values win
         key, _, value = item.partition("=")
         fed[key] = value
+    env = {"RAY_ADDRESS": args.ray_address} if args.ray_address else {}
+    # (Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from the
+    # SuperLink this starts, makes it join that cluster instead of starting one.)
+    return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "", env,
+                    args.verbose)
+
+
+def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None = None,
+             verbose: bool = False, show: bool = True) -> int:
+    """`flwr run app` on a local simulation federation with its own FLWR_HOME default, free
+    ports and no runtime dependency installation; follows the log (if `show`), checks that the
+    run finished as completed and stops the SuperLink it started. 0 on success."""
+    env = dict(os.environ, **(env_extra or {}))
+    env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    http_port, control_port = free_port(), free_port()
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
-    cmd = ["run", ".", "--format", "json", "--federation-config", fed_text]
+    cmd = ["run", str(app), "--format", "json", "--federation-config", fed_text]
     if run_config:
-        cmd += ["--run-config", format_run_config(run_config)]
+        cmd += ["--run-config", run_config]
     try:
         started = flwr(cmd, env, capture=True)
         try:
@@ -202,22 +212,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
                   file=sys.stderr)
             return 1
-        follow_log(run_id, env, args.verbose)
+        if show:
+            follow_log(run_id, env, verbose)
+        status = wait_for(run_id, env, follow=not show)
+        if status.get("status") != "finished:completed":
+            print(f"error: run {run_id} ended as {status.get('status')}: "
+                  f"{status.get('status-details', '')}", file=sys.stderr)
+            return 1
+        if show:
+            print(f"run {run_id}: {status['status']}")
+        return 0
+    finally:
+        stop(superlink_pids(http_port))
+
+
+def wait_for(run_id: int, env: dict, follow: bool) -> dict:
+    """The run's entry of `flwr ls` once it has finished (polled when `follow`)."""
+    while True:
         listed = flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, capture=True)
         try:
             run = json.loads(listed.stdout[listed.stdout.find("{"):])["runs"][0]
         except (ValueError, KeyError, IndexError):
-            print(f"error: cannot read the status of run {run_id}:\n{listed.stdout}",
-                  file=sys.stderr)
-            return 1
-        if run.get("status") != "finished:completed":
-            print(f"error: run {run_id} ended as {run.get('status')}: "
-                  f"{run.get('status-details', '')}", file=sys.stderr)
-            return 1
-        print(f"run {run_id}: {run['status']}")
-        return 0
-    finally:
-        stop(superlink_pids(http_port))
+            return {"status": "unknown", "status-details": listed.stdout[-500:]}
+        if not follow or str(run.get("status", "")).startswith("finished"):
+            return run
+        time.sleep(1.0)
 
 
 def gpus_per_client(value: str, cfg: dict) -> float:

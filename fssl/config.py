@@ -170,10 +170,10 @@ def validate(cfg: dict[str, Any]) -> None:
              tr["unlabeled_loss_norm"], "all, confident")
     for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):
         _require(_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
-    for key in ("local_steps", "warmup_rounds"):
+    for key in ("local_steps", "warmup_rounds", "local_epochs"):    # local_epochs 0: no steps
         _require(isinstance(tr[key], int) and tr[key] >= 0, f"train.{key}", tr[key],
                  "an integer >= 0")
-    for key in ("local_epochs", "batch_size", "mu", "infer_batch_size"):
+    for key in ("batch_size", "mu", "infer_batch_size"):
         _require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
                  "an integer >= 1")
     _require(_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",

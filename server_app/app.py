@@ -20,6 +20,7 @@ from fssl import checkpoint
 from fssl.config import resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
+from fssl.profiling import profiled
 from fssl.runtime import data_meta, dataset_for, partition_for
 from fssl.train import resolve_device
 from strategy import WeightedAverage, make_strategy
@@ -93,6 +94,7 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict
 
 
 @app.main()
+@profiled("server")
 def main(grid: Grid, context: Context) -> None:
     cfg, resume_dir = resolve(dict(context.run_config))
     run_dir = resume_dir or run_dir_for(cfg)

@@ -152,35 +152,52 @@ class WeightedAverage(FedAvg):
             evaluate_fn: Callable[[int, ArrayRecord], Any],
             after_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
         """Rounds `first_round`..num_rounds (Strategy.start always begins at 1; a resumed run
-        does not): train, aggregate, optional federated evaluation, central evaluation, hook."""
+        does not): train, aggregate, optional federated evaluation, central evaluation, hook.
+        Round t + 1's instructions go out before round t's global model is evaluated and
+        checkpointed, so the server's own work overlaps the clients' (the results are the same:
+        nothing in round t + 1 depends on the evaluation)."""
         timeout = self.cfg["fl"]["round_timeout"]
+        last = self.cfg["num_rounds"]
         after_previous = 0.0
-        for server_round in range(first_round, self.cfg["num_rounds"] + 1):
-            drv = self.driver
-            clock = Stopwatch()
-            messages = list(drv.configure_train(server_round, arrays, ConfigRecord(), grid))
+        clock = Stopwatch()
+        pending = self.push_train(grid, first_round, arrays) if first_round <= last else None
+        for server_round in range(first_round, last + 1):
             clock.lap("configure")
-            replies = list(grid.send_and_receive(messages, timeout=timeout))
-            clock.lap("communicate")       # messages out, the clients' work, replies back
+            replies = collect(grid, pending, timeout)
+            clock.lap("communicate")       # waiting for the clients' replies
             self.last_round.update({"clients": [], "failures": [], "skipped": True})
-            new, _ = drv.aggregate_train(server_round, replies)
+            new, _ = self.driver.aggregate_train(server_round, replies)
             if new is not None:
                 arrays = new
             clock.lap("aggregate")
             messages = list(self.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
             if messages:
-                agg = self.aggregate_evaluate(
-                    server_round, grid.send_and_receive(messages, timeout=timeout))
+                agg = self.aggregate_evaluate(server_round,
+                                              collect(grid, push(grid, messages), timeout))
                 self.last_round["federated_evaluation"] = dict(agg) if agg else None
                 clock.lap("federated_evaluate")
             # seconds of this round's parts (the recorder adds its own); a round's checkpoint
             # comes after its record is written, so each record carries the previous round's
             self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous}
+            done = self.last_round
+            overlap = not getattr(grid, "synchronous", False)   # in-process: nothing to overlap
+            if server_round < last and overlap:
+                pending = self.push_train(grid, server_round + 1, arrays)
+                clock.lap("configure_next")
+            upcoming, self.last_round = self.last_round, done     # the recorder reads round t
             evaluate_fn(server_round, arrays)
             clock.lap("evaluate_and_record")
             after_round(server_round, arrays)
             after_previous = clock.lap("checkpoint")
+            self.last_round = upcoming
+            if server_round < last and not overlap:
+                pending = self.push_train(grid, server_round + 1, arrays)
+                clock.lap("configure_next")
+            clock.laps = {"configure": clock.laps.get("configure_next", 0.0)}
         return arrays
+
+    def push_train(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> Any:
+        return push(grid, self.driver.configure_train(server_round, arrays, ConfigRecord(), grid))
 
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Arrays and JSON state a checkpoint needs (subclasses add their caches)."""
@@ -370,6 +387,32 @@ class WeightedAverage(FedAvg):
         return new
 
 
+def push(grid: Grid, messages: Iterable[Message]) -> Any:
+    """Send instructions without waiting: their message ids, or for an in-process grid that
+    answers at once (`LocalGrid`) the replies themselves."""
+    messages = list(messages)
+    if getattr(grid, "synchronous", False):
+        return list(grid.send_and_receive(messages))
+    return set(grid.push_messages(messages))
+
+
+def collect(grid: Grid, pending: Any, timeout: float) -> list[Message]:
+    """The replies to `push`'s instructions, polled every few milliseconds (Flower's own
+    send_and_receive sleeps 0.1 s between polls in simulation and 3 s in deployment)."""
+    if not isinstance(pending, set):
+        return pending
+    ids, replies = set(pending), []
+    deadline, pause = time.monotonic() + timeout, 0.002
+    while ids and time.monotonic() < deadline:
+        got = list(grid.pull_messages(ids))
+        replies += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if ids:
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.05)       # short waits early, at most 20 polls a second
+    return replies
+
+
 class Stopwatch:
     """Named laps of a round, in seconds."""
 
@@ -379,7 +422,7 @@ class Stopwatch:
 
     def lap(self, name: str) -> float:
         now = time.perf_counter()
-        self.laps[name] = now - self.t
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
         self.t = now
         return self.laps[name]
 
@@ -431,4 +474,6 @@ def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
         "loss_sup": _num(metrics, "loss_sup"),
         "loss_unsup": _num(metrics, "loss_unsup"),
         "train_seconds": _num(metrics, "train_seconds"),
+        "setup_seconds": _num(metrics, "setup_seconds"),
+        "reply_seconds": _num(metrics, "reply_seconds"),
     }

@@ -12,7 +12,9 @@ def metrics_without_timing(run_dir) -> list[dict]:
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         r.pop("round_seconds")
+        r.pop("timing", None)
         for c in r["clients"]:
-            c.pop("train_seconds")
+            for key in ("train_seconds", "setup_seconds", "reply_seconds"):
+                c.pop(key, None)
         out.append(r)
     return out

@@ -1,0 +1,237 @@
+"""Where a round's time goes when training costs nothing: `feddb overhead`.
+
+    .venv/bin/feddb overhead                 # about 3 minutes on 2 CPU cores
+    .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
+
+Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
+each, the CNN's arrays):
+- the project with a null trainer (`train.local_epochs=0`): each client parses the configuration,
+  loads the received state into its cached model, takes its cached data, makes the one
+  pseudo-labelling pass that gives APP-U, and replies; the server configures, aggregates with DMA,
+  evaluates the global model centrally (test and validation sets), writes metrics.jsonl and
+  TensorBoard, and checkpoints. Its timings come from metrics.jsonl (`timing`, the clients'
+  `setup_seconds`, `train_seconds`, `reply_seconds`);
+- Flower's floor: a trivial ServerApp/ClientApp pair (written to a temporary directory) that only
+  sends the same arrays to 10 of the 20 nodes a round through `grid.send_and_receive` and has
+  them echoed back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .launch import PROJECT, flwr_run
+
+NODES, PER_ROUND = 20, 10
+SKIP = 2                        # rounds left out of the means: Ray workers start, caches fill
+
+FLOOR_APP = '''
+"""Flower's floor: the arrays go to {per_round} nodes a round and come back unchanged."""
+import json
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+server = ServerApp()
+client = ClientApp()
+
+
+@client.train()
+def echo(msg: Message, context: Context) -> Message:
+    return Message(RecordDict({{"arrays": msg.content["arrays"]}}), reply_to=msg)
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    shapes = json.loads(cfg["shapes"])
+    arrays = ArrayRecord({{k: Array(np.zeros(s, np.float32)) for k, s in shapes.items()}})
+    while len(list(grid.get_node_ids())) < {nodes}:
+        time.sleep(0.1)
+    nodes = sorted(grid.get_node_ids())
+    rng = np.random.default_rng(0)
+    seconds = []
+    for r in range(int(cfg["rounds"])):
+        t0 = time.perf_counter()
+        msgs = [Message(RecordDict({{"arrays": arrays, "config": ConfigRecord({{"round": r}})}}),
+                        dst_node_id=nodes[i], message_type=MessageType.TRAIN)
+                for i in rng.choice(len(nodes), {per_round}, replace=False)]
+        replies = list(grid.send_and_receive(msgs))
+        arrays = replies[0].content["arrays"]
+        seconds.append(time.perf_counter() - t0)
+    with open(cfg["out"], "w") as f:
+        json.dump(seconds, f)
+'''
+
+FLOOR_PYPROJECT = '''
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "flowerfloor"
+version = "1.0.0"
+dependencies = ["flwr"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "feddb"
+
+[tool.flwr.app.components]
+serverapp = "floorapp:server"
+clientapp = "floorapp:client"
+
+[tool.flwr.app.config]
+rounds = 10
+shapes = ""
+out = ""
+'''
+
+
+def model_shapes() -> dict[str, list[int]]:
+    """The shapes of the default model's state (the arrays every message carries)."""
+    sys.path.insert(0, str(PROJECT))
+    from fssl.config import compose
+    from fssl.methods import make_model
+
+    cfg = compose([])
+    model = make_model(cfg, 10, 1)
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def floor(rounds: int, tmp: Path) -> list[float]:
+    """Seconds per round of the echo pair."""
+    app = tmp / "floor"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
+    (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=NODES, per_round=PER_ROUND))
+    out = tmp / "floor.json"
+    rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(model_shapes())}'")
+    fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
+    if flwr_run(app, fed, rc, {"FLWR_HOME": str(tmp / "flwr-home-floor")}, show=False) != 0:
+        raise RuntimeError("the floor app's run failed")
+    return json.loads(out.read_text())
+
+
+def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
+    """metrics.jsonl records of the project's null-trainer run."""
+    out = tmp / "project"
+    overrides = f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
+    rc = f"num-server-rounds={rounds} output-dir='{out}' overrides='{overrides}'"
+    env = {"FLWR_HOME": str(tmp / "flwr-home-project")}
+    if profile is not None:
+        env["FEDDB_PROFILE"] = str(profile)
+    fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
+    if flwr_run(PROJECT, fed, rc, env, show=False) != 0:
+        raise RuntimeError("the project's null-trainer run failed")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def split(records: list[dict], workers: int) -> dict[str, float]:
+    """Mean seconds per round of the project's parts (after the first SKIP rounds)."""
+    recs = records[SKIP:]
+    mean = lambda f: float(np.mean([f(r) for r in recs]))         # noqa: E731
+    clients = lambda key: mean(lambda r: sum(c.get(key) or 0.0 for c in r["clients"]))  # noqa: E731
+    part = {k: mean(lambda r, k=k: r["timing"].get(k, 0.0))
+            for k in ("configure", "communicate", "aggregate", "evaluate",
+                      "record_previous_round", "checkpoint_previous_round")}
+    part.update({"round": mean(lambda r: r["round_seconds"]),
+                 "client_setup_sum": clients("setup_seconds"),
+                 "client_pass_sum": clients("train_seconds"),
+                 "client_reply_sum": clients("reply_seconds"), "workers": workers})
+    part["client_pass_critical"] = part["client_pass_sum"] / workers
+    part["overhead"] = part["round"] - part["client_pass_critical"]
+    part["server_work"] = sum(part[k] for k in ("configure", "aggregate", "evaluate",
+                                                "record_previous_round",
+                                                "checkpoint_previous_round"))
+    return part
+
+
+def top_functions(profile: Path, n: int = 12) -> dict[str, list[str]]:
+    """The n functions with the most own time in the ServerApp's and the ClientApps' profiles."""
+    out = {}
+    for side in ("server", "client"):
+        files = sorted(str(f) for f in profile.glob(f"{side}-*.prof"))
+        if not files:
+            continue
+        stats = pstats.Stats(files[0])
+        for f in files[1:]:
+            stats.add(f)
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:n]   # (cc, nc, tt, ct, _)
+        out[side] = [f"{tt:7.2f} s own {ct:7.2f} s total  {Path(fn).name}:{line} {name}"
+                     for (fn, line, name), (_, _, tt, ct, _) in rows]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the ServerApp and every ClientApp call; print the top items")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args(argv)
+    workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        profile = tmp / "profile" if args.profile else None
+        if profile is not None:
+            profile.mkdir()
+        t0 = time.perf_counter()
+        records = project(args.rounds, tmp, profile)
+        t_project = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        floor_seconds = floor(args.rounds, tmp)
+        t_floor = time.perf_counter() - t0
+        tops = top_functions(profile) if profile is not None else {}
+    p = split(records, workers)
+    fl = float(np.mean(floor_seconds[SKIP:]))
+    rows = [("round (null trainer), wall", p["round"]),
+            ("  clients' own pass for APP-U (sum / clients at a time)", p["client_pass_critical"]),
+            ("  **overhead** = round - that pass", p["overhead"]),
+            ("server's own work, overlapping the clients' (next round's instructions go out "
+             "first)", p["server_work"]),
+            ("  configure (instructions)", p["configure"]),
+            ("  aggregation (DMA, norm bound, momentum)", p["aggregate"]),
+            ("  central evaluation (test + validation)", p["evaluate"]),
+            ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
+            ("  checkpoint", p["checkpoint_previous_round"]),
+            ("server waiting for replies after its own work", p["communicate"]),
+            ("clients' set-up (config, model, received state, data), sum",
+             p["client_setup_sum"]),
+            ("clients' reply arrays, sum", p["client_reply_sum"]),
+            ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl)]
+    values = sum(int(np.prod(s)) for s in model_shapes().values())
+    print(f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
+          f"at a time; means over rounds {SKIP + 1}-{args.rounds}\n")
+    print("| part | seconds per round |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value:.3f} |")
+    print(f"\noverhead / floor: {p['overhead'] / fl:.2f}x; whole runs: project {t_project:.0f} s, "
+          f"floor {t_floor:.0f} s (start-up included)")
+    for side, lines in tops.items():
+        print(f"\ntop {side} functions by own time (cProfile, all rounds):")
+        print("\n".join("  " + line for line in lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"project": p, "floor_round": fl,
+                                               "floor_rounds": floor_seconds, "top": tops},
+                                              indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
