@@ -21,6 +21,7 @@ from fssl.profiling import profiled
 from fssl.runtime import client_data_for, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
+from strategy.base import arrays_to_torch
 
 app = ClientApp()
 
@@ -31,7 +32,7 @@ def _setup(msg: Message, context: Context):
     meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
     model = model_for(cfg, device)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(arrays_to_torch(msg.content["arrays"]))
     own_file = context.node_config.get("data-path")    # deployment: this client's data only
     pid = partition_of(msg, context, bool(own_file))
     data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
@@ -77,7 +78,7 @@ def train(msg: Message, context: Context) -> Message:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     attack = attack_of(context.node_config)             # tests and the attack benchmark only
     if attack:
-        state, metrics = apply_attack(attack, msg.content["arrays"].to_torch_state_dict(),
+        state, metrics = apply_attack(attack, arrays_to_torch(msg.content["arrays"]),
                                       state, metrics)
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     arrays = ArrayRecord(state)

@@ -132,7 +132,12 @@ def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-    rc = f"num-server-rounds={rounds} output-dir='{out}' overrides='{overrides}'"
+    sys.path.insert(0, str(PROJECT))
+    from fssl.data import embedded_candidates
+
+    data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
+    rc = (f"num-server-rounds={rounds} output-dir='{out}' data-path='{data}' "
+          f"overrides='{overrides}'")
     env = {"FLWR_HOME": str(tmp / "flwr-home-project")}
     if profile is not None:
         env["FEDDB_PROFILE"] = str(profile)

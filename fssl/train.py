@@ -294,13 +294,19 @@ class FixMatch(LocalTrainer):
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, std: tuple,
-             batch_size: int) -> tuple[float, float, np.ndarray, np.ndarray]:
+             batch_size: int, fast: bool = False) -> tuple[float, float, np.ndarray, np.ndarray]:
     """Loss, accuracy, predicted classes and their softmax confidence on fixed batches in dataset
-    order (eval mode)."""
+    order (eval mode). `fast` (accelerators): bf16 autocast and channels_last, as training."""
     model.eval()
+    if fast:
+        model.to(memory_format=torch.channels_last)
     losses, preds, confs = [], [], []
     for i in range(0, len(x), batch_size):
-        logits = model(augment.normalize(x[i:i + batch_size], mean, std)).float()
+        xb = augment.normalize(x[i:i + batch_size], mean, std)
+        if fast:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=fast):
+            logits = model(xb).float()
         losses.append(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
         conf, pred = F.softmax(logits, 1).max(1)
         preds.append(pred)

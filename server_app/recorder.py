@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from fssl.data import Dataset
 from fssl.metrics import class_accuracy, js_divergence, normalise, prediction_stats
 from fssl.train import evaluate, to_nchw
-from strategy.base import WeightedAverage
+from strategy.base import WeightedAverage, arrays_to_torch
 
 
 class RoundRecorder:
@@ -32,6 +32,8 @@ class RoundRecorder:
             self.x_val = to_nchw(ds.x_val, device)
             self.y_val = torch.from_numpy(ds.y_val).to(device)
         self.metrics_file = run_dir / "metrics.jsonl"
+        # on an accelerator the global model is evaluated as clients train: bf16, channels_last
+        self.fast = device.type != "cpu" and cfg["train"]["precision"] in ("auto", "bf16")
         self.prev_class_acc: np.ndarray | None = None
         self.resumed_from: int | None = None
         self.history: list[dict[str, Any]] = []
@@ -83,16 +85,16 @@ class RoundRecorder:
     def evaluate(self, arrays: ArrayRecord) -> dict[str, Any]:
         """Test loss, accuracy, class-wise accuracy, collapse signal and calibration; validation
         loss and accuracy when the dataset holds a validation split."""
-        self.model.load_state_dict(arrays.to_torch_state_dict())
+        self.model.load_state_dict(arrays_to_torch(arrays))
         bs, k = self.cfg["eval"]["batch_size"], self.ds.num_classes
         loss, acc, pred, conf = evaluate(self.model, self.x_test, self.y_test, self.ds.mean,
-                                         self.ds.std, bs)
+                                         self.ds.std, bs, self.fast)
         out = {"test_loss": loss, "test_accuracy": acc,
                "class_accuracy": class_accuracy(pred, self.ds.y_test, k),
                **prediction_stats(pred, conf, self.ds.y_test, k)}
         if self.has_val:
             out["val_loss"], out["val_accuracy"], _, _ = evaluate(
-                self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs)
+                self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs, self.fast)
         return out
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -37,8 +38,37 @@ class ReplyError(ValueError):
     """A client reply cannot be used; the message says why."""
 
 
+NPY_DESCR = re.compile(rb"'descr': *'([^']+)'")
+
+
+def array_to_numpy(array: Array) -> np.ndarray:
+    """Flower's Array.numpy() reads each array's .npy header with ast.literal_eval (about a
+    third of a paper round's server time for WRN-28-2's 160 arrays x 10 replies); the shape is
+    in the Array, so only the dtype is read from the header, and the data are copied out once."""
+    data = array.data
+    if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
+        return array.numpy()
+    size = 2 if data[6] == 1 else 4                      # header length field: v1 2 bytes, v2+ 4
+    start = 8 + size
+    offset = start + int.from_bytes(data[8:start], "little")
+    header = data[start:offset]
+    descr = NPY_DESCR.search(header)
+    if descr is None or b"'fortran_order': False" not in header:
+        return array.numpy()
+    dtype = np.dtype(descr.group(1).decode())
+    count = int(np.prod(array.shape, dtype=np.int64))
+    return np.frombuffer(data, dtype, count, offset).reshape(array.shape).copy()
+
+
 def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in record.items()}
+    return {k: array_to_numpy(v) for k, v in record.items()}
+
+
+def arrays_to_torch(record: ArrayRecord) -> dict[str, Any]:
+    """ArrayRecord.to_torch_state_dict() through the fast conversion."""
+    import torch
+
+    return {k: torch.from_numpy(array_to_numpy(v)) for k, v in record.items()}
 
 
 def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
