@@ -49,7 +49,7 @@ def test_paper_presets(name):
     ({"num-server-rounds": 0}, "`num_rounds`: 0"),
     ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),
     ({"overrides": "train.nosuchkey=1"}, "invalid override"),
-    ({"overrides": "train.local_epochs=2.5"}, "`train.local_epochs`: 2.5; allowed: an integer >= 1"),
+    ({"overrides": "train.local_epochs=2.5"}, "`train.local_epochs`: 2.5; allowed: an integer >= 0"),
     ({"overrides": "train.nesterov=maybe"}, "`train.nesterov`: 'maybe'; allowed: true or false"),
     ({"overrides": "dataset.std=[0.3,-1]"}, "`dataset.std`"),
     ({"overrides": "model.norm=ln"}, "`model.norm`: 'ln'; allowed: batchstat, bn, gn"),

@@ -177,3 +177,40 @@ def test_reply_claiming_another_partition_or_dtype_is_dropped():
     reasons = {f["partition_id"]: f["reason"] for f in s.last_round["failures"]}
     assert "claims partition 2 but the node was sent 0" in reasons[0]
     assert "float64[2], expected float32[2]" in reasons[1]
+
+
+@pytest.mark.parametrize("value", [
+    np.random.default_rng(0).random((3, 4), dtype=np.float32), np.array(5, dtype=np.int64),
+    np.zeros((0, 3)), np.arange(10, dtype=np.uint8), np.ones((2, 3, 4), dtype=np.float16),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)), np.array([1, 2], dtype=">i4")])
+def test_fast_array_conversion_equals_flowers(value):
+    """array_to_numpy reads the data in place of Flower's header parse: same values, dtype and
+    shape for every kind of array (Fortran order and foreign byte order fall back to Flower)."""
+    from strategy.base import array_to_numpy
+
+    array = Array(value)
+    got, want = array_to_numpy(array), array.numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    got[...] = 0 if got.size else got          # a writable copy, not a view of the message
+
+
+def test_overhead_split_and_floor_app_are_valid(tmp_path):
+    """`feddb overhead`: the parts add up as documented, and Flower accepts the echo app."""
+    import textwrap
+
+    from flwr.supercore.object_ref import validate
+
+    from feddb.overhead import FLOOR_APP, FLOOR_PYPROJECT, split
+
+    rec = {"round_seconds": 1.0, "clients": [{"setup_seconds": 0.1, "train_seconds": 0.4,
+                                               "reply_seconds": 0.05}] * 4,
+           "timing": {"configure": 0.01, "communicate": 0.3, "aggregate": 0.1, "evaluate": 0.5,
+                      "record_previous_round": 0.02, "checkpoint_previous_round": 0.03}}
+    part = split([rec] * 4, workers=2)
+    assert part["client_pass_critical"] == pytest.approx(0.8)
+    assert part["overhead"] == pytest.approx(0.2)
+    assert part["server_work"] == pytest.approx(0.66)
+    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
+    (tmp_path / "floorapp.py").write_text(FLOOR_APP.format(nodes=20, per_round=10))
+    for ref in ("floorapp:server", "floorapp:client"):
+        assert validate(ref, project_dir=tmp_path) == (True, None)
