@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .sgd import SGD
+
 
 @dataclass
 class DMAResult:
@@ -67,7 +69,7 @@ def solve_softmax(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
                   optimizer: str = "sgd", upper: float = math.inf) -> np.ndarray:
     p = torch.as_tensor(app_u, dtype=torch.float64)
     theta = torch.zeros(p.shape[0], dtype=torch.float64, requires_grad=True)
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)([theta], lr=lr)
+    opt = torch.optim.Adam([theta], lr=lr) if optimizer == "adam" else SGD([theta], lr=lr)
     best_beta, best_loss = torch.softmax(theta.detach(), 0), float("inf")
     for step in range(steps + 1):
         beta = cap_scale(torch.softmax(theta, 0), upper)

@@ -48,6 +48,7 @@ from torch.nn.utils import parametrize
 
 from . import augment
 from .losses import debias
+from .sgd import SGD
 from .train import LocalTrainer
 
 SIGMA_SUFFIX = ".parametrizations.weight.original"
@@ -185,10 +186,10 @@ class FedMatchTrainer(LocalTrainer):
 
     uses_unlabeled = True
 
-    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    def make_optimizer(self, model: nn.Module, lr: float) -> SGD:
         self.sigma_side, self.psi_side = split_parameters(model)
         momentum = self.tr["momentum"]
-        return torch.optim.SGD(
+        return SGD(
             [{"params": self.sigma_side, "weight_decay": self.tr["weight_decay"]},
              {"params": self.psi_side, "weight_decay": 0.0}],
             lr=lr, momentum=momentum, nesterov=self.tr["nesterov"] and momentum > 0)
@@ -206,7 +207,7 @@ class FedMatchTrainer(LocalTrainer):
                                         self.cfg["app_u"]["eps"])
         return {**self.label_stats(labels, mask, data), "num_helpers": len(self.helpers)}
 
-    def _update(self, opt: torch.optim.Optimizer, loss: torch.Tensor,
+    def _update(self, opt: SGD, loss: torch.Tensor,
                 params: list[nn.Parameter]) -> None:
         """One optimiser step on `params` only (the others are frozen, so SGD skips them)."""
         trainable = {id(p) for p in params}
@@ -230,7 +231,7 @@ class FedMatchTrainer(LocalTrainer):
             return ce, torch.zeros((), device=ce.device)
         return ce, self.unsupervised_step(model, opt, data, unl_idx, prior)
 
-    def supervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
+    def supervised_step(self, model: nn.Module, opt: SGD, data,
                         lab_idx: torch.Tensor) -> torch.Tensor:
         """lambda_s * CE on labeled data; updates the sigma side only (psi frozen)."""
         self._freeze(self.psi_side)
@@ -239,7 +240,7 @@ class FedMatchTrainer(LocalTrainer):
         self._update(opt, self.cfg["method"]["lambda_s"] * ce, self.sigma_side)
         return ce.detach()
 
-    def unsupervised_step(self, model: nn.Module, opt: torch.optim.Optimizer, data,
+    def unsupervised_step(self, model: nn.Module, opt: SGD, data,
                           unl_idx: torch.Tensor | None, prior: torch.Tensor) -> torch.Tensor:
         """Agreement-label CE, inter-client KL and the L1/L2 terms; updates psi only."""
         m = self.cfg["method"]

@@ -21,6 +21,7 @@ from . import augment
 from .data import Dataset
 from .losses import app_u, masked_ce, momentum_update, pseudo_label
 from .partition import Partition
+from .sgd import SGD
 
 
 @dataclass
@@ -111,8 +112,8 @@ class LocalTrainer:
         return out
 
     # -- hooks -----------------------------------------------------------------------------
-    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
+    def make_optimizer(self, model: nn.Module, lr: float) -> SGD:
+        return SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
                                nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
                                weight_decay=self.tr["weight_decay"])
 
@@ -128,7 +129,7 @@ class LocalTrainer:
     # -- the round -------------------------------------------------------------------------
     def prepare(self, model: nn.Module, lr: float, seed: int,
                 helpers: list[dict[str, torch.Tensor]] | None = None,
-                momentum: dict[str, torch.Tensor] | None = None) -> torch.optim.Optimizer:
+                momentum: dict[str, torch.Tensor] | None = None) -> SGD:
         """Seed the round's random streams, put the model on the device in its memory format
         (compiled when asked) and return its optimiser, seeded with `momentum` buffers if given."""
         torch.manual_seed(seed)
@@ -185,7 +186,7 @@ class LocalTrainer:
         })
         return metrics
 
-    def epoch(self, model: nn.Module, data: ClientData, opt: torch.optim.Optimizer,
+    def epoch(self, model: nn.Module, data: ClientData, opt: SGD,
               prior: torch.Tensor):
         """One local epoch; yields (supervised loss, unlabeled loss) per optimiser step, as
         detached tensors (read once after the round: no host sync per step)."""
@@ -212,7 +213,7 @@ class LocalTrainer:
         perms = [torch.randperm(n, generator=self.gen, device=self.device) for _ in range(reps)]
         return torch.cat(perms)[:total]
 
-    def step(self, model: nn.Module, opt: torch.optim.Optimizer, data: ClientData,
+    def step(self, model: nn.Module, opt: SGD, data: ClientData,
              lab_idx: torch.Tensor, unl_idx: torch.Tensor | None,
              prior: torch.Tensor) -> tuple[float, float]:
         x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))

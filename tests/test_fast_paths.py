@@ -69,3 +69,32 @@ def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
     for bad in ("2", "-1", "half"):
         with pytest.raises(ValueError, match="in \\[0, 1\\] or auto"):
             gpus_per_client(bad, tiny_cfg)
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, True, 5e-4),
+                                                  (0.9, False, 1e-3)])
+def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd):
+    """fssl.sgd.SGD (no torch.optim import cost) takes the same steps as torch.optim.SGD,
+    parameter groups, momentum buffers and parameters without gradients included."""
+    from fssl.sgd import SGD
+
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    groups = [[{"params": list(n[0].parameters())},
+               {"params": list(n[1].parameters()), "weight_decay": 0.0}] for n in nets]
+    ours = SGD(groups[0], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    ref = torch.optim.SGD(groups[1], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    for step in range(5):
+        x = torch.randn(8, 5)
+        for net, opt in zip(nets, (ours, ref)):
+            opt.zero_grad(set_to_none=True)
+            head_only = step == 2                        # layer 0 gets no gradient this step
+            out = net[1](net[0](x).detach() if head_only else net[0](x))
+            out.square().mean().backward()
+            opt.step()
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        assert torch.equal(a, b)
+    for p, q in zip(nets[0].parameters(), nets[1].parameters()):
+        if momentum:
+            assert torch.equal(ours.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
