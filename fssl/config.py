@@ -291,6 +291,8 @@ def validate_method(m: dict[str, Any]) -> None:
         for key in ("lambda_s", "lambda_a", "lambda_i", "lambda_l1", "lambda_l2", "l1_thres"):
             _require(_number(m.get(key)) and m[key] >= 0, f"method.{key}", m.get(key),
                      "a number >= 0")
+        _require(m.get("l2_reduction") in ("mean", "sum"), "method.l2_reduction",
+                 m.get("l2_reduction"), "mean, sum")
         _require(_number(m.get("psi_factor")) and m["psi_factor"] >= 0, "method.psi_factor",
                  m.get("psi_factor"), "a number >= 0")
         for key in ("num_helpers", "helper_interval", "probe_size"):

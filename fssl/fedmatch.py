@@ -29,6 +29,9 @@ Adaptations to this project's models and scaffold (the official ResNet-9 has no 
   official Keras weight decay on the decomposed layers never reached the loss.
 - Full-batch mode makes one supervised and one unsupervised step per local epoch; mini-batch mode uses
   the project's batch sizes. Pseudo-labels are always online (the current local model), as the original.
+- The L2 term (sigma - psi)^2 is averaged over the psi values (`l2_reduction: mean`), not summed: at
+  this project's lr and clip the official sum (lambda_l2 = 10) had a gradient about 1000x the
+  unlabeled terms', so every psi step only pulled psi towards sigma (measured; docs/results.md).
 - Sparse transport (delta/L1 thresholds on uploads) is not simulated: full arrays travel both ways.
 - DPL (SPEC section 2): the local model's and the helpers' probabilities are both debiased with the
   client's APP-U before gating and voting (the bias removed is the local label prior); the KL targets
@@ -106,11 +109,14 @@ def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
     return sigma_side, psi_side
 
 
-def regularisers(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum |psi| and sum (sigma - psi)^2 over all decomposed layers (sums, not means)."""
+def regularisers(model: nn.Module, l2_reduction: str = "sum") -> tuple[torch.Tensor, torch.Tensor]:
+    """sum |psi| and (sigma - psi)^2 over all decomposed layers, the latter summed (official) or
+    averaged over the psi values (`l2_reduction: mean`, the default here: README, FedMatch)."""
     pairs = decomposed_pairs(model)
     l1 = sum(psi.abs().sum() for _, psi in pairs)
     l2 = sum((sigma - psi).pow(2).sum() for sigma, psi in pairs)
+    if l2_reduction == "mean":
+        l2 = l2 / sum(psi.numel() for _, psi in pairs)
     return l1, l2
 
 
@@ -254,7 +260,7 @@ class FedMatchTrainer(LocalTrainer):
             p_h = [F.softmax(self.forward(h, x), 1) for h in self.helpers]
         labels, mask = agreement_labels(F.softmax(logits_l.detach(), 1), p_h, self.tr["tau"],
                                         prior if self.dpl else None, self.cfg["app_u"]["eps"])
-        l1, l2 = regularisers(model)
+        l1, l2 = regularisers(model, m["l2_reduction"])
         loss = m["lambda_l1"] * l1 + m["lambda_l2"] * l2
         conf = mask.nonzero(as_tuple=True)[0]
         if len(conf):                  # host sync: the strong pass runs on confident samples only

@@ -203,3 +203,28 @@ def test_the_lr_is_chosen_per_client_objective():
     assert compose(["method=fedavg", "tuned_lr.fixmatch=0.07"])["train"]["lr"] == 0.1
     assert compose(["method=fedavg", "train.lr=0.05"])["train"]["lr"] == 0.05
     assert compose(["experiment=paper/cifar10_iid", "method=fedavg"])["train"]["lr"] == 0.03
+
+
+def test_fedmatch_psi_step_is_not_swamped_by_its_l2_pull():
+    """FedMatch's official lambda_l2 * sum (sigma - psi)^2 has a gradient ~1000x the unlabeled
+    terms' at this project's lr and clip (every psi step became a pull of psi to sigma, and
+    FedMatch ended below labels-only FedAvg). The default averages it over the psi values."""
+    from fssl.fedmatch import regularisers, split_parameters
+
+    def l2_grad_norm(reduction):
+        cfg = cfg_with_meta(["method=fedmatch", "experiment=miniature",
+                             f"method.l2_reduction={reduction}"])
+        torch.manual_seed(0)
+        model = make_model(cfg, 10, 1)
+        _, psi = split_parameters(model)
+        _, l2 = regularisers(model, cfg["method"]["l2_reduction"])
+        grads = torch.autograd.grad(cfg["method"]["lambda_l2"] * l2, psi, allow_unused=True)
+        return float(torch.sqrt(sum((g * g).sum() for g in grads if g is not None))), len(psi)
+
+    assert compose(["method=fedmatch"])["method"]["l2_reduction"] == "mean"
+    official, _ = l2_grad_norm("sum")
+    ours, _ = l2_grad_norm("mean")
+    assert official > 50                       # swamps the norm-1 clip on its own
+    assert ours < 0.05                         # the size of the unlabeled terms' gradients
+    with pytest.raises(ConfigError, match="l2_reduction"):
+        compose(["method=fedmatch", "method.l2_reduction=max"])
