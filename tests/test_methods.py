@@ -92,18 +92,22 @@ def test_sigma_does_not_move_on_the_unlabeled_step_nor_psi_on_the_labeled_step()
         assert all(changed(after, final, psi).values())
 
 
-def test_psi_step_is_the_gradient_of_the_l2_and_l1_terms():
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_psi_step_is_the_gradient_of_the_l2_and_l1_terms(reduction):
     """Only lambda_l2 * sum (sigma - psi)^2 (then only lambda_l1 * sum |psi|): plain SGD moves
-    psi by exactly -lr * 2 lambda_l2 (psi - sigma) (resp. -lr * lambda_l1 sign(psi))."""
+    psi by exactly -lr * 2 lambda_l2 (psi - sigma) (resp. -lr * lambda_l1 sign(psi)); with
+    l2_reduction=mean the L2 part is divided by the number of psi values."""
     for l1, l2 in ((0.0, 0.5), (0.3, 0.0)):
         cfg = cfg_for("fedmatch", "train.momentum=0", "train.grad_clip=0", "method.lambda_a=0",
-                      "method.lambda_i=0", f"method.lambda_l1={l1}", f"method.lambda_l2={l2}")
+                      "method.lambda_i=0", f"method.lambda_l1={l1}", f"method.lambda_l2={l2}",
+                      f"method.l2_reduction={reduction}")
         model, t = make_model(cfg, 10, 1), trainer_for(cfg)
         opt = t.make_optimizer(model, 0.1)
         pairs = [(s.detach().clone(), p.detach().clone()) for s, p in fedmatch.decomposed_pairs(model)]
+        n = sum(p.numel() for _, p in pairs) if reduction == "mean" else 1
         t.unsupervised_step(model, opt, toy_data(), None, torch.full((10,), 0.1))
         for (sigma, psi), (_, new) in zip(pairs, fedmatch.decomposed_pairs(model)):
-            expected = psi - 0.1 * (2 * l2 * (psi - sigma) + l1 * torch.sign(psi))
+            expected = psi - 0.1 * (2 * l2 * (psi - sigma) / n + l1 * torch.sign(psi))
             assert torch.allclose(new, expected, atol=1e-6)
 
 
