@@ -246,7 +246,8 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
 
-    cfg = compose([f"experiment={EXPERIMENT}", f"dataset={args.dataset}", f"model={args.model}", "train.tau=1e-6",
+    cfg = compose([f"experiment={EXPERIMENT}", f"dataset={args.dataset}", f"model={args.model}",
+                   "train.tau=1e-6",
                    f"train.local_epochs={args.epochs}", f"train.compile={str(args.compile).lower()}",
                    f"device={device.type}"] +
                   ([f"dataset.path='{args.data_path}'"] if args.data_path else []))

@@ -32,6 +32,8 @@ import numpy as np
 
 from .launch import PROJECT, flwr_run
 
+sys.path.insert(0, str(PROJECT))
+
 NODES, PER_ROUND = 20, 10
 SKIP = 2                        # rounds left out of the means: Ray workers start, caches fill
 
@@ -105,7 +107,6 @@ out = ""
 
 def model_shapes() -> dict[str, list[int]]:
     """The shapes of the default model's state (the arrays every message carries)."""
-    sys.path.insert(0, str(PROJECT))
     from fssl.config import compose
     from fssl.methods import make_model
 
@@ -114,14 +115,14 @@ def model_shapes() -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
-def floor(rounds: int, tmp: Path) -> list[float]:
+def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]]) -> list[float]:
     """Seconds per round of the echo pair."""
     app = tmp / "floor"
     app.mkdir()
     (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
     (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=NODES, per_round=PER_ROUND))
     out = tmp / "floor.json"
-    rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(model_shapes())}'")
+    rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'")
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
     if flwr_run(app, fed, rc, {"FLWR_HOME": str(tmp / "flwr-home-floor")}, show=False) != 0:
         raise RuntimeError("the floor app's run failed")
@@ -132,7 +133,6 @@ def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-    sys.path.insert(0, str(PROJECT))
     from fssl.data import embedded_candidates
 
     data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         records = project(args.rounds, tmp, profile)
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
-        floor_seconds = floor(args.rounds, tmp)
+        shapes = model_shapes()
+        floor_seconds = floor(args.rounds, tmp, shapes)
         t_floor = time.perf_counter() - t0
         tops = top_functions(profile) if profile is not None else {}
     p = split(records, workers)
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
              p["client_setup_sum"]),
             ("clients' reply arrays, sum", p["client_reply_sum"]),
             ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl)]
-    values = sum(int(np.prod(s)) for s in model_shapes().values())
+    values = sum(int(np.prod(s)) for s in shapes.values())
     print(f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
           f"at a time; means over rounds {SKIP + 1}-{args.rounds}\n")
     print("| part | seconds per round |\n|---|---|")

@@ -189,6 +189,7 @@ class WeightedAverage(FedAvg):
         timeout = self.cfg["fl"]["round_timeout"]
         last = self.cfg["num_rounds"]
         after_previous = 0.0
+        overlap = not getattr(grid, "synchronous", False)    # in-process: nothing to overlap
         clock = Stopwatch()
         pending = self.push_train(grid, first_round, arrays) if first_round <= last else None
         for server_round in range(first_round, last + 1):
@@ -210,7 +211,6 @@ class WeightedAverage(FedAvg):
             # comes after its record is written, so each record carries the previous round's
             self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous}
             done = self.last_round
-            overlap = not getattr(grid, "synchronous", False)   # in-process: nothing to overlap
             if server_round < last and overlap:
                 pending = self.push_train(grid, server_round + 1, arrays)
                 clock.lap("configure_next")
