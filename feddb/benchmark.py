@@ -188,7 +188,8 @@ def flwr_rounds(args, rounds: int, gpus: str) -> dict:
     clients, 10 a round, Dirichlet 0.3); the small one `--clients` clients, all every round."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        overrides = "train.tau=1e-6 checkpoint.every=0"
+        overrides = "train.tau=1e-6 checkpoint.every=0" + (" train.compile=true" if args.compile
+                                                             else "")
         if args.preset != "paper":
             overrides += f" fl.num_clients={args.clients} fl.fraction_train=1.0"
         rc = (f"experiment='{EXPERIMENT}' dataset='{args.dataset}' model='{args.model}' "
@@ -197,7 +198,7 @@ def flwr_rounds(args, rounds: int, gpus: str) -> dict:
         env = dict(os.environ, FLWR_HOME=str(Path(tmp) / "flwr-home"))
         t0 = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "feddb.launch", "--gpus-per-client", gpus,
-                              "--run-config", rc],
+                              "--run-config", rc] + (["--mps"] if args.mps else []),
                              cwd=PROJECT, env=env, capture_output=True, text=True)
         total = time.perf_counter() - t0
         if res.returncode != 0:
@@ -231,6 +232,8 @@ def main() -> int:
                     help="rounds of a real `flwr run` to time (0: skip; needs flwr)")
     ap.add_argument("--gpus-per-client", default="auto",
                     help="GPU share per simulated client on CUDA (feddb run's option)")
+    ap.add_argument("--mps", action="store_true",
+                    help="run the flwr simulation under NVIDIA MPS (feddb run's --mps)")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--write-random-cifar10", metavar="DIR",
                     help="only write CIFAR-10's files filled with random images into DIR (for a "

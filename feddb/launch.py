@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus-per-client", default="0",
                     help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
                          "time), or auto: measured from one client round's peak GPU memory")
+    ap.add_argument("--mps", action="store_true",
+                    help="run NVIDIA's Multi-Process Service for the run, so that clients sharing "
+                         "a GPU run their kernels at once (started and stopped unless running)")
     ap.add_argument("--federation-config", default="", help="extra Flower federation config")
     ap.add_argument("--verbose", action="store_true",
                     help="show Flower's and Ray's own log lines (hidden by default)")
@@ -184,8 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     env = {"RAY_ADDRESS": args.ray_address} if args.ray_address else {}
     # (Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from the
     # SuperLink this starts, makes it join that cluster instead of starting one.)
-    return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "", env,
-                    args.verbose)
+    from .resources import mps
+
+    try:
+        with mps(args.mps) as line:
+            if line:
+                print(f"[launch] {line}", flush=True)
+            return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "",
+                            env, args.verbose)
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None = None,

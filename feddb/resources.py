@@ -8,10 +8,14 @@ of the GPU's memory, capped by the clients per round. Ray then runs k clients at
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 CONTEXT_BYTES = 600 * 2**20       # a CUDA context and allocator slack per worker process
@@ -59,6 +63,37 @@ def auto_gpus_per_client(cfg: dict, clients_per_round: int) -> tuple[float, str]
     return share, (f"one client round peaks at {m['peak_bytes'] / 2**20:.0f} MiB of "
                    f"{m['total_bytes'] / 2**30:.0f} GiB: {k} clients at a time, "
                    f"client-resources-num-gpus={share:.4g}")
+
+
+@contextlib.contextmanager
+def mps(enabled: bool) -> Iterator[str]:
+    """NVIDIA's Multi-Process Service around a GPU simulation: with it the kernels of the clients
+    that share the GPU (one process each) run at once instead of time-sliced. Starts the control
+    daemon unless one answers already, and stops it afterwards only if it started it. Yields a
+    line saying what it did."""
+    if not enabled:
+        yield ""
+        return
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl is None:
+        raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the "
+                           "NVIDIA driver); run without --mps or install the driver's utilities")
+
+    def control(command: str | None) -> subprocess.CompletedProcess:
+        return subprocess.run([ctl] + ([] if command else ["-d"]), input=command, text=True,
+                              capture_output=True, timeout=30, env=os.environ)
+
+    if control("get_server_list").returncode == 0:
+        yield "MPS: a control daemon is already running; using it"
+        return
+    started = control(None)
+    if started.returncode != 0:
+        raise RuntimeError(f"--mps: nvidia-cuda-mps-control -d failed: "
+                           f"{(started.stderr or started.stdout).strip()}")
+    try:
+        yield "MPS: control daemon started for this run"
+    finally:
+        control("quit")
 
 
 def main() -> None:

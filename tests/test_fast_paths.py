@@ -1,6 +1,8 @@
 """The accelerator paths (bf16 autocast, channels_last, torch.compile), exercised on the CPU for
 correctness: same training as the fp32 eager path, up to bf16 rounding."""
 
+import os
+
 import pytest
 import torch
 
@@ -71,11 +73,13 @@ def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
             gpus_per_client(bad, tiny_cfg)
 
 
+@pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, True, 5e-4),
                                                   (0.9, False, 1e-3)])
-def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd):
+def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd, foreach):
     """fssl.sgd.SGD (no torch.optim import cost) takes the same steps as torch.optim.SGD,
-    parameter groups, momentum buffers and parameters without gradients included."""
+    parameter groups, momentum buffers and parameters without gradients included, in both its
+    one-tensor-at-a-time and its `_foreach` (accelerator) form."""
     from fssl.sgd import SGD
 
     torch.manual_seed(0)
@@ -83,13 +87,14 @@ def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd):
     nets[1].load_state_dict(nets[0].state_dict())
     groups = [[{"params": list(n[0].parameters())},
                {"params": list(n[1].parameters()), "weight_decay": 0.0}] for n in nets]
-    ours = SGD(groups[0], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    ours = SGD(groups[0], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd,
+               foreach=foreach)
     ref = torch.optim.SGD(groups[1], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
     for step in range(5):
         x = torch.randn(8, 5)
         for net, opt in zip(nets, (ours, ref)):
             opt.zero_grad(set_to_none=True)
-            head_only = step == 2                        # layer 0 gets no gradient this step
+            head_only = step in (0, 2)           # layer 0: no gradient in steps 0 and 2
             out = net[1](net[0](x).detach() if head_only else net[0](x))
             out.square().mean().backward()
             opt.step()
@@ -98,3 +103,34 @@ def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd):
     for p, q in zip(nets[0].parameters(), nets[1].parameters()):
         if momentum:
             assert torch.equal(ours.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
+
+
+def test_mps_daemon_started_and_stopped_only_when_not_running(tmp_path, monkeypatch):
+    """`feddb run --mps`: starts NVIDIA MPS's control daemon, quits it afterwards; leaves a
+    daemon that already answers alone; says what to do when the control program is missing."""
+    from feddb.resources import mps
+
+    log, state = tmp_path / "calls", tmp_path / "running"
+    fake = tmp_path / "nvidia-cuda-mps-control"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = "-d" ]; then echo start >> {log}; touch {state}; exit 0; fi
+read cmd; echo "$cmd" >> {log}
+if [ "$cmd" = quit ]; then rm -f {state}; exit 0; fi
+[ -f {state} ]
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with mps(True) as line:
+        assert "started" in line and state.exists()
+    assert not state.exists()
+    assert log.read_text().split() == ["get_server_list", "start", "quit"]
+    state.touch()                                    # a daemon someone else runs
+    with mps(True) as line:
+        assert "already running" in line
+    assert state.exists() and log.read_text().split()[-1] == "get_server_list"
+    with mps(False) as line:
+        assert line == ""
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on PATH"):
+        with mps(True):
+            pass
