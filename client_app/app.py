@@ -69,7 +69,8 @@ def train(msg: Message, context: Context) -> Message:
     momentum = (context.state[slot].to_torch_state_dict()            # authors' code does
                 if keep and slot in context.state.array_records else None)
     metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
-                          helpers, momentum, float(conf.get("lambda-u", cfg["train"]["lambda_u"])))
+                          helpers, momentum, float(conf.get("lambda-u", cfg["train"]["lambda_u"])),
+                          float(conf.get("proximal-mu", 0.0)))      # FedProx (strategy=fedprox)
     if keep:
         context.state[slot] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid

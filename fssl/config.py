@@ -13,7 +13,7 @@ from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
-GROUPS = ("method", "dataset", "partition", "model", "experiment")
+GROUPS = ("method", "strategy", "dataset", "partition", "model", "experiment")
 
 
 class ConfigError(ValueError):
@@ -244,6 +244,7 @@ def validate(cfg: dict[str, Any]) -> None:
                                and (key == "mean" or all(x > 0 for x in v))),
                  f"dataset.{key}", v, "null or a list of numbers per channel (std > 0)")
     validate_method(cfg["method"])
+    validate_strategy(cfg)
     _require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
     for key in ("width", "gn_groups"):
         _require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
@@ -300,6 +301,40 @@ def validate_method(m: dict[str, Any]) -> None:
             _require(isinstance(m.get(key), int) and m[key] >= low, f"method.{key}", m.get(key),
                      f"an integer >= {low}")
         _require(m.get("view") in ("raw", "weak"), "method.view", m.get("view"), "raw, weak")
+
+
+FLOWER_STRATEGIES = ("fedavg", "fedavgm", "fedprox", "fedadam", "fedyogi", "fedadagrad",
+                     "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan", "qfedavg")
+
+
+def validate_strategy(cfg: dict[str, Any]) -> None:
+    """`strategy`: the method's own, one of Flower's, or a user's class by import path, checked
+    before anything runs (the class is imported; strategy/flower.py)."""
+    s = cfg.get("strategy") or {"name": "method"}
+    name = s.get("name")
+    _require(name in ("method", "custom", *FLOWER_STRATEGIES), "strategy.name", name,
+             ", ".join(("method", *FLOWER_STRATEGIES, "custom")))
+    if name == "method":
+        return
+    _require(isinstance(s.get("params") or {}, dict), "strategy.params", s.get("params"),
+             "a mapping of the strategy's keyword arguments")
+    own = cfg["method"]["strategy"]
+    if own != "fedavg":
+        raise ConfigError(f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
+                          f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
+                          f"); strategy={name} cannot replace it. Use strategy=method, or a "
+                          "method that averages (fedavg, fixmatch, feddb, semifl)")
+    _require(cfg["server"]["robust"]["rule"] == "mean", "server.robust.rule",
+             cfg["server"]["robust"]["rule"], f"mean with strategy={name} (the strategy "
+             "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
+             "for a robust rule)")
+    if name == "custom":
+        from strategy.flower import StrategyError, load_class
+
+        try:
+            load_class(str(s.get("target") or ""))
+        except StrategyError as err:
+            raise ConfigError(str(err)) from err
 
 
 def clients_per_round(cfg: dict[str, Any]) -> int:

@@ -58,6 +58,7 @@ class LocalTrainer:
     """Base: supervised loss on labeled weak views; subclasses add the unlabeled part."""
 
     uses_unlabeled = False
+    proximal_mu = 0.0         # FedProx's mu for the round (fit's `proximal_mu`)
 
     def __init__(self, cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device):
         self.cfg, self.tr = cfg, cfg["train"]
@@ -151,14 +152,19 @@ class LocalTrainer:
     def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
             helpers: list[dict[str, torch.Tensor]] | None = None,
             momentum: dict[str, torch.Tensor] | None = None,
-            lambda_u: float | None = None) -> dict[str, Any]:
+            lambda_u: float | None = None, proximal_mu: float = 0.0) -> dict[str, Any]:
         """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
         `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
         `client`); the round's final buffers are left in `self.momentum_out`. `lambda_u`: the
-        round's unlabeled loss weight (0 during the server's warm-up: labeled loss only)."""
+        round's unlabeled loss weight (0 during the server's warm-up: labeled loss only).
+        `proximal_mu`: FedProx's proximal term (mu/2) |w - w_received|^2 added to every step's
+        loss (the instruction's `proximal-mu`; 0: none)."""
         t0 = time.perf_counter()
         self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
         opt = self.prepare(model, lr, seed, helpers, momentum)
+        self.proximal_mu = float(proximal_mu)
+        self.anchor = ([p.detach().clone() for p in model.parameters()]
+                       if self.proximal_mu > 0 else [])
         params = dict(model.named_parameters())
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
@@ -181,6 +187,8 @@ class LocalTrainer:
             "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),
             "app_u": prior.cpu().double().tolist(), "app_u_global": prior0.cpu().double().tolist(),
             "loss_sup": float(torch.stack(sup_losses).mean()) if sup_losses else 0.0,
+            # the received model's labeled loss (its first step's): q-FFL's F_k(w_t) (QFedAvg)
+            "train_loss": float(sup_losses[0]) if sup_losses else 0.0,
             "loss_unsup": float(torch.stack(unsup_losses).mean()) if unsup_losses else 0.0,
             "train_seconds": time.perf_counter() - t0,
         })
@@ -224,6 +232,8 @@ class LocalTrainer:
         loss_s = F.cross_entropy(logits[:len(x_l)], data.y_l[lab_idx])
         loss_u = loss_u_fn(logits[len(x_l):]) if loss_u_fn is not None else None
         loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
+        if self.proximal_mu > 0:
+            loss = loss + self.proximal(model)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.tr["grad_clip"] > 0:
@@ -231,6 +241,11 @@ class LocalTrainer:
         opt.step()
         zero = torch.zeros((), device=loss_s.device)
         return loss_s.detach(), (loss_u if loss_u is not None else zero).detach()
+
+    def proximal(self, model: nn.Module) -> torch.Tensor:
+        """FedProx's (mu/2) sum |w - w_received|^2 over the trained parameters."""
+        diffs = torch._foreach_sub(list(model.parameters()), self.anchor)
+        return 0.5 * self.proximal_mu * torch.stack(torch._foreach_norm(diffs)).square().sum()
 
     def unlabeled_batch(self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None,
                         prior: torch.Tensor):

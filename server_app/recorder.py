@@ -160,6 +160,7 @@ class RoundRecorder:
             "clients": clients,
             "dma": info.get("dma"),
             "robust": info.get("robust"),          # norm bound and rule (strategy/robust.py)
+            "strategy": info.get("strategy"),      # strategy=<name>: which one, weights used
             "gradient_diversity": info.get("gradient_diversity"),
             "groups": info.get("groups"),          # FedRGD: partition ids per group
             "helpers": info.get("helpers"),        # FedMatch: helper partition ids per client

@@ -11,9 +11,15 @@ STRATEGIES = {"fedavg": WeightedAverage, "fedrgd": FedRGD, "fedmatch": FedMatch}
 
 
 def make_strategy(cfg: dict[str, Any], num_classes: int) -> WeightedAverage:
-    """The method's strategy; `dma.enabled` switches its weights to DMA, `server.*` its update,
+    """The method's strategy, or `strategy.name`'s (Flower's or a user's, wrapped so that it runs
+    against the project's clients); `dma.enabled` switches its weights to DMA, `server.*` its update,
     `dp.mode` wraps it in Flower's server-side differential-privacy strategy (`driver`)."""
-    strategy = STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes)
+    if cfg.get("strategy", {}).get("name", "method") != "method":
+        from .flower import FlowerStrategy     # Flower's or the user's (strategy/flower.py)
+
+        strategy: WeightedAverage = FlowerStrategy(cfg, num_classes)
+    else:
+        strategy = STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes)
     dp = cfg["dp"]
     if dp["mode"] != "off":
         from flwr.serverapp.strategy import (DifferentialPrivacyServerSideAdaptiveClipping,

@@ -1,0 +1,250 @@
+"""Flower's own strategies, or a user's, against the project's clients (`strategy=<name>`).
+
+The project keeps what its clients and its comparisons need: partitions sampled by (seed, round),
+the instruction's run-config, reply checks (strategy.base.parse_reply), the norm bound of
+`server.robust.clip`, the per-round records, central evaluation and checkpoints. The chosen
+strategy decides the rest:
+- `configure_train` is called every round on a grid that holds just the round's sampled nodes: its
+  state is kept up to date (FedOpt's and QFedAvg's current arrays) and every key it puts in its
+  ConfigRecord reaches the clients (FedProx's `proximal-mu`).
+- `aggregate_train` gets one reply per valid client: `arrays` (the trained parameters; BatchNorm
+  running statistics and integer buffers stay with the project, averaged with the same weights) and
+  `metrics`, whose `num-examples` is the client's aggregation weight: DMA's beta when the method
+  uses DMA (FedDB), else `server.weighting`'s (uniform or n_m), so any weighted-averaging strategy
+  composes with DMA. Also there: `train_loss` (the received model's labeled loss, QFedAvg's),
+  `app_u`, `num_labeled`, `num_unlabeled`, `partition_id`, `loss_sup`, `loss_unsup`.
+The project's server momentum (`server.momentum`) is not applied: the strategy owns the update.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from .base import STAT_SUFFIXES, WeightedAverage, arrays_to_numpy, client_record
+
+FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
+          "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
+          "fedtrimmedavg": "FedTrimmedAvg", "krum": "Krum", "multikrum": "MultiKrum",
+          "bulyan": "Bulyan", "qfedavg": "QFedAvg"}
+# Strategies whose aggregate ignores the per-client weights (so DMA cannot steer them).
+UNWEIGHTED = {"fedmedian", "fedtrimmedavg", "bulyan", "qfedavg"}
+REPLY_METRICS = ("train_loss", "num_labeled", "num_unlabeled", "partition_id", "loss_sup",
+                 "loss_unsup")
+
+
+class StrategyError(ValueError):
+    """The configured strategy cannot be loaded or used; the message says why and what to do."""
+
+
+def load_class(target: str) -> type:
+    """`package.module:Class` (or `package.module.Class`) -> the class, checked to be a Flower
+    message-API Strategy with its two training hooks."""
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    if not module_name or not attr:
+        raise StrategyError(f"strategy.target '{target}' is not an import path: write "
+                            "'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise StrategyError(f"strategy.target '{target}': cannot import module '{module_name}' "
+                            f"({err}); is it on PYTHONPATH or installed?") from err
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise StrategyError(f"strategy.target '{target}': module '{module_name}' has no "
+                            f"'{attr}'")
+    if not (inspect.isclass(cls) and issubclass(cls, Strategy)):
+        raise StrategyError(f"strategy.target '{target}' is not a subclass of "
+                            "flwr.serverapp.strategy.Strategy (the message API)")
+    missing = sorted(getattr(cls, "__abstractmethods__", set()))
+    if missing:
+        raise StrategyError(f"strategy.target '{target}' does not implement {missing}: a "
+                            "Strategy needs configure_train, aggregate_train, configure_evaluate, "
+                            "aggregate_evaluate, summary")
+    return cls
+
+
+def build_inner(scfg: dict[str, Any]) -> Strategy:
+    """The configured Flower or user strategy, sampling every node it is shown."""
+    name = scfg["name"]
+    if name == "custom":
+        cls = load_class(str(scfg.get("target") or ""))
+    else:
+        import flwr.serverapp.strategy as fs
+
+        cls = getattr(fs, FLOWER[name])
+    params = dict(scfg.get("params") or {})
+    accepted = inspect.signature(cls.__init__).parameters
+    for key, value in (("fraction_train", 1.0), ("fraction_evaluate", 0.0),
+                       ("min_train_nodes", 1), ("min_evaluate_nodes", 1),
+                       ("min_available_nodes", 1)):
+        if key in accepted and key not in params:
+            params[key] = value
+    try:
+        return cls(**params)
+    except TypeError as err:
+        raise StrategyError(f"strategy '{name}' cannot be built with strategy.params "
+                            f"{sorted(params)}: {err}") from err
+
+
+class SampledNodes:
+    """A Grid stand-in for the inner strategy's configure_train: the round's sampled nodes."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+
+class FlowerStrategy(WeightedAverage):
+    """The project's round around a Flower (or user) strategy's configure/aggregate."""
+
+    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
+        super().__init__(cfg, num_classes)
+        self.inner = build_inner(cfg["strategy"])
+        self.inner_config: dict[str, Any] = {}
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        config = super().round_config(server_round, config)
+        for key, value in self.inner_config.items():
+            config.setdefault(key, value)
+        return config
+
+    def trained_keys(self) -> list[str]:
+        assert self.global_arrays is not None
+        return [k for k, v in self.global_arrays.items()
+                if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)]
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self.global_arrays = arrays_to_numpy(arrays)
+        pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
+        nodes = sorted({self.node_of[p] for p in pids}) if self.node_of else [0]
+        trained = ArrayRecord({k: Array(np.ascontiguousarray(self.global_arrays[k]))
+                               for k in self.trained_keys()})
+        sent = list(self.inner.configure_train(server_round, trained, ConfigRecord(),
+                                               SampledNodes(nodes)))
+        self.inner_config = {}
+        if sent:
+            for record in sent[0].content.config_records.values():
+                self.inner_config.update({k: v for k, v in record.items()
+                                          if k != "server-round"})
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def inner_replies(self, parsed: list[dict[str, Any]], client_arrays: list[dict],
+                      weights: np.ndarray) -> list[Message]:
+        keys = self.trained_keys()
+        out = []
+        for p, arrays, w in zip(parsed, client_arrays, weights):
+            m = p["metrics"]
+            metrics: dict[str, Any] = {"num-examples": float(w), "app_u": p["app_u"].tolist()}
+            metrics.update({k: m[k] for k in REPLY_METRICS if isinstance(m.get(k), (int, float))})
+            content = RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(arrays[k]))
+                                                         for k in keys}),
+                                  "metrics": MetricRecord(metrics)})
+            out.append(Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN))
+        return out
+
+    def server_update(self, client_arrays: list[dict[str, np.ndarray]],
+                      weights: np.ndarray) -> dict[str, np.ndarray]:
+        assert self.global_arrays is not None
+        client_arrays, weights = self.defend(client_arrays, weights)
+        kept = self.last_round.get("robust", {}).get("selected")     # server.robust.min_cosine
+        parsed = [self.parsed[i] for i in kept] if kept is not None else self.parsed
+        self.last_round["strategy"] = {"name": self.cfg["strategy"]["name"],
+                                       "weights_used": self.cfg["strategy"]["name"]
+                                       not in UNWEIGHTED}
+        result, _ = self.inner.aggregate_train(
+            self.last_round.get("round", 0),
+            self.inner_replies(parsed, client_arrays, weights))
+        if result is None:
+            raise RuntimeError(f"strategy '{self.cfg['strategy']['name']}' returned no arrays")
+        new_trained = arrays_to_numpy(result)
+        new: dict[str, np.ndarray] = {}
+        total = float(np.sum(weights)) or 1.0
+        for key, old in self.global_arrays.items():
+            if key in new_trained:
+                new[key] = new_trained[key].astype(old.dtype).reshape(old.shape)
+            elif np.issubdtype(old.dtype, np.floating):         # BatchNorm running statistics
+                new[key] = sum(w / total * a[key].astype(np.float64)
+                               for w, a in zip(weights, client_arrays)).astype(old.dtype)
+            else:                                                # e.g. num_batches_tracked
+                new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
+        return new
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        self.parsed: list[dict[str, Any]] = []
+        return super().aggregate_train(server_round, replies)
+
+    def coefficients(self, server_round: int, parsed: list[dict[str, Any]],
+                     weights: np.ndarray) -> np.ndarray:
+        self.parsed = parsed                       # server_update hands them to the strategy
+        return weights
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+        """The inner strategy's arrays (dicts or lists of arrays, ArrayRecords) and scalars;
+        what is neither is named in the checkpoint, and a resume says it starts afresh."""
+        arrays, state = super().state()
+        saved: dict[str, Any] = {}
+        unsaved = []
+        for name, value in vars(self.inner).items():
+            kind, packed = pack(value)
+            if kind == "arrays":
+                arrays[f"inner_{name}"] = packed
+                saved[name] = "arrays"
+            elif kind == "list":
+                arrays[f"inner_{name}"] = packed
+                saved[name] = "list"
+            elif kind == "array_record":
+                arrays[f"inner_{name}"] = packed
+                saved[name] = "array_record"
+            elif kind == "scalar":
+                saved[name] = ["scalar", packed]
+            elif value is not None and not callable(value):
+                unsaved.append(name)
+        return arrays, {**state, "inner": saved, "inner_unsaved": unsaved}
+
+    def load_state(self, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
+        super().load_state(arrays, state)
+        for name, kind in state.get("inner", {}).items():
+            if isinstance(kind, list):
+                setattr(self.inner, name, kind[1])
+            elif kind == "arrays":
+                setattr(self.inner, name, dict(arrays[f"inner_{name}"]))
+            elif kind == "list":
+                packed = arrays[f"inner_{name}"]
+                setattr(self.inner, name, [packed[str(i)] for i in range(len(packed))])
+            elif kind == "array_record":
+                setattr(self.inner, name, ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                                       for k, v in arrays[f"inner_{name}"].items()}))
+        if state.get("inner_unsaved"):
+            log(WARNING, "resume: strategy '%s' kept state the checkpoint cannot hold (%s); these "
+                "start afresh, so the resumed run is not the uninterrupted one",
+                self.cfg["strategy"]["name"], ", ".join(state["inner_unsaved"]))
+
+
+def pack(value: Any) -> tuple[str, Any]:
+    """How a strategy attribute goes into a checkpoint: ('arrays', dict), ('list', dict),
+    ('array_record', dict), ('scalar', value) or ('', None) when it cannot."""
+    if isinstance(value, ArrayRecord):
+        return "array_record", arrays_to_numpy(value)
+    if isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+        return "arrays", {str(k): v for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+        return "list", {str(i): v for i, v in enumerate(value)}
+    if isinstance(value, (bool, int, float, str)):
+        return "scalar", value
+    return "", None
