@@ -38,9 +38,32 @@ ORDER = ["FedAvg", "FixMatch", "FedMatch", "FedRGD", "SemiFL", "FixMatch-FedDPL"
          "FedMatch-FedDPL", "FedRGD-FedDPL", "SemiFL-FedDPL", "FedDB"]
 
 
+STRATEGY_NAMES = {"method": "project averaging (server momentum)", "fedavg": "FedAvg",
+                  "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
+                  "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
+                  "fedtrimmedavg": "FedTrimmedAvg", "krum": "Krum", "multikrum": "MultiKrum",
+                  "bulyan": "Bulyan", "qfedavg": "QFedAvg"}
+
+
+def strategy_label(cfg: dict[str, Any]) -> str:
+    """The server strategy of a run (`strategy=`): the project's own, Flower's, or a user's."""
+    s = cfg.get("strategy") or {"name": "method"}
+    return (f"custom {s.get('target')}" if s["name"] == "custom"
+            else STRATEGY_NAMES.get(s["name"], s["name"]))
+
+
 def variant(cfg: dict[str, Any]) -> str:
     """The paper's row name of a run: the method, '-FedDPL' when DPL is added, and the switches
-    that differ from the method's defaults otherwise (e.g. 'FedDB w/o DMA', 'FixMatch+DMA')."""
+    that differ from the method's defaults otherwise (e.g. 'FedDB w/o DMA', 'FixMatch+DMA');
+    ' @ <strategy>' when the server runs another strategy than the method's own."""
+    name = local_variant(cfg)
+    if (cfg.get("strategy") or {}).get("name", "method") != "method":
+        name += f" @ {strategy_label(cfg)}"
+    return name
+
+
+def local_variant(cfg: dict[str, Any]) -> str:
+    """The row name without the server strategy: the clients' method and switches."""
     m = cfg["method"]
     name = NAMES.get(m["name"], m["name"])
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
@@ -115,6 +138,7 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
             pooled = [x["pseudo_label_accuracy_pooled"] for x in rounds
                       if x.get("pseudo_label_accuracy_pooled") is not None]
             runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
+                         "local": local_variant(cfg), "strategy": strategy_label(cfg),
                          "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
                          "partition": partition_label(cfg), "seed": cfg["seed"],
                          "best": summary["best_test_accuracy"],
@@ -268,6 +292,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
             out += ["", "Paired differences of confident pseudo-label accuracy (points):", "",
                     *paired_table(pl_pairs, "the interval is")]
         out.append("")
+    out += strategy_section(runs)
     abl = ablation(runs)
     if abl:
         out += ["### Ablation: DPL and DMA on FedDB's client, final test accuracy (%)", "",
@@ -280,6 +305,110 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
                                " | ".join(fmt(abl.get((part, d, k), [])) for d in datasets) + " |")
         out += ["", "(DPL without DMA is FixMatch-FedDPL; a seed run both ways counts once.)", ""]
     return "\n".join(out)
+
+
+REFERENCE_STRATEGY = "FedAvg"
+
+
+def strategy_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of a strategy comparison (empty unless more than one strategy is present)."""
+    return runs if len({r["strategy"] for r in runs}) > 1 else []
+
+
+def strategy_order(names) -> list[str]:
+    order = list(STRATEGY_NAMES.values())
+    return sorted(set(names), key=lambda n: (order.index(n) if n in order else len(order), n))
+
+
+def strategy_section(runs: list[dict[str, Any]]) -> list[str]:
+    """Strategies down, the clients' methods across: final accuracy mean(std) over seeds (†n
+    collapsed), then each strategy's paired per-seed difference from Flower's FedAvg on the same
+    clients, setting and seeds."""
+    runs = strategy_runs(runs)
+    if not runs:
+        return []
+    out = []
+    for sett in setting_order({r["setting"] for r in runs}):
+        rs = [r for r in runs if r["setting"] == sett]
+        locals_ = variant_order(r["local"] for r in rs)
+        cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        for r in rs:
+            cells[(r["strategy"], r["local"])].append(r)
+        out += [f"### Strategies, {sett}: final test accuracy (%), mean(std) over seeds", "",
+                "| server strategy | " + " | ".join(locals_) + " |",
+                "|---" * (len(locals_) + 1) + "|"]
+        for strat in strategy_order(r["strategy"] for r in rs):
+            vals = []
+            for loc in locals_:
+                c = cells.get((strat, loc), [])
+                vals.append(fmt([r["final"] for r in c], all(r["complete"] for r in c),
+                                sum(r["collapsed"] for r in c)) +
+                            (f" ({len(c)})" if c else ""))
+            out.append(f"| {strat} | " + " | ".join(vals) + " |")
+        out += ["", "(n) = seeds. †n: n runs ended collapsed.", ""]
+        diffs = []
+        for loc in locals_:
+            ref = {r["seed"]: r for r in cells.get((REFERENCE_STRATEGY, loc), [])}
+            for strat in strategy_order(r["strategy"] for r in rs):
+                if strat == REFERENCE_STRATEGY:
+                    continue
+                mine = {r["seed"]: r for r in cells.get((strat, loc), [])}
+                seeds = sorted(set(ref) & set(mine))
+                if not seeds:
+                    continue
+                d = [100 * (mine[k]["final"] - ref[k]["final"]) for k in seeds]
+                m, lo, hi = interval95(d)
+                diffs.append({"setting": sett, "a": f"{loc} @ {strat}",
+                              "b": f"{loc} @ {REFERENCE_STRATEGY}", "seeds": len(d), "diffs": d,
+                              "mean": m, "low": lo, "high": hi})
+        if diffs:
+            out += [f"Paired per-seed differences of final test accuracy from Flower's "
+                    f"{REFERENCE_STRATEGY} on the same clients (points):", "",
+                    *paired_table(diffs, "the interval is"), ""]
+    return out
+
+
+def strategy_figure(runs: list[dict[str, Any]], out: Path, plt) -> Path | None:
+    """Final accuracy per strategy (bars: mean over seeds, dots: seeds, x: collapsed runs), one
+    bar per clients' method, one panel per setting."""
+    runs = strategy_runs(runs)
+    if not runs:
+        return None
+    settings = setting_order({r["setting"] for r in runs})
+    fig, axes = _grid(len(settings), plt, width=7.0, height=0.45 * len(
+        {r["strategy"] for r in runs}) * max(1, len({r["local"] for r in runs})) + 1.5)
+    for ax, sett in zip(axes, settings):
+        rs = [r for r in runs if r["setting"] == sett]
+        strats = strategy_order(r["strategy"] for r in rs)
+        locals_ = variant_order(r["local"] for r in rs)
+        col = colours(locals_)
+        h = 0.8 / len(locals_)
+        for j, loc in enumerate(locals_):
+            for i, strat in enumerate(strats):
+                vals = [r for r in rs if r["strategy"] == strat and r["local"] == loc]
+                if not vals:
+                    continue
+                y = i + (j - (len(locals_) - 1) / 2) * h
+                acc = [100 * r["final"] for r in vals]
+                ax.barh(y, float(np.mean(acc)), height=h * 0.9, color=col[loc],
+                        label=loc if i == 0 else None, alpha=0.8)
+                ax.scatter(acc, [y] * len(acc), s=10, color="black", zorder=3)
+                for r in vals:
+                    if r["collapsed"]:
+                        ax.scatter([100 * r["final"]], [y], marker="x", s=40, color="red", zorder=4)
+        ax.set_yticks(range(len(strats)), strats)
+        ax.invert_yaxis()
+        lo = min(100 * r["final"] for r in rs)
+        ax.set_xlim(max(0.0, lo - 5), 100)
+        ax.set_xlabel("final test accuracy (%)")
+        ax.set_title(sett)
+        ax.grid(axis="x", alpha=0.3)
+        _legend(ax)
+    _title(fig, "Server strategies on the same clients (dots: seeds; x: collapsed)")
+    path = out / "strategies.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def seed_note(rows: list[dict[str, Any]]) -> str:
@@ -469,6 +598,9 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     fig.savefig(out / "class_accuracy.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     written.append(out / "class_accuracy.png")
+    strategies = strategy_figure(runs, out, plt)
+    if strategies is not None:
+        written.append(strategies)
     return written
 
 

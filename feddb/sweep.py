@@ -28,8 +28,13 @@ STATUS = "sweep_status.jsonl"
 
 
 def rows() -> dict[str, str]:
-    preset = yaml.safe_load((PROJECT / "conf" / "comparison" / "paper.yaml").read_text())
-    return {**preset["methods"], **preset["ablation"]}
+    """Row name -> run-config, from every section of conf/comparison/*.yaml (the paper's methods
+    and ablation, the strategy comparison)."""
+    out: dict[str, str] = {}
+    for path in sorted((PROJECT / "conf" / "comparison").glob("*.yaml")):
+        for section in yaml.safe_load(path.read_text()).values():
+            out.update(section)
+    return out
 
 
 def run_dir_of(cfg: Any) -> Path:

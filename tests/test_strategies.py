@@ -226,3 +226,31 @@ def test_flower_strategy_state_survives_a_checkpoint():
     for name in ("m_t", "v_t"):
         got, want = getattr(fresh.inner, name), getattr(s.inner, name)
         assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_the_documented_example_strategy_runs(small_npz, tmp_path, monkeypatch):
+    """docs/examples/my_strategy.py, as docs/strategies.md runs it (PYTHONPATH=docs/examples)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+    rc = _rc(tmp_path / "example", "custom", extra=" strategy.target=my_strategy:LabeledFedAvg"
+             " +strategy.params.server_lr=0.8") | {"data-path": str(small_npz)}
+    run_in_process(rc, 6)
+    recs = _records(tmp_path / "example")
+    assert [r["round"] for r in recs] == [1, 2] and recs[-1]["strategy"]["name"] == "custom"
+    assert np.isfinite(recs[-1]["test_accuracy"])
+
+
+def test_report_has_a_strategy_table_and_figure(small_npz, tmp_path):
+    from feddb.report import main as report
+
+    for strat in ("method", "fedavg", "fedprox"):
+        for seed in (1, 2):
+            rc = _rc(tmp_path / "runs" / strat / f"s{seed}", strat) | {
+                "data-path": str(small_npz), "seed": seed}
+            run_in_process(rc, 6)
+    assert report([str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    text = (tmp_path / "rep" / "results.md").read_text()
+    assert "### Strategies" in text and "| FedProx |" in text
+    assert "FixMatch @ FedProx − FixMatch @ FedAvg | 2 |" in text
+    assert (tmp_path / "rep" / "strategies.png").stat().st_size > 0
