@@ -250,3 +250,13 @@ def test_every_baseline_runs_through_the_server_app(variant, small_npz, tmp_path
         assert all(r["dma"] is not None for r in recs)
     if "fedmatch" in variant:
         assert recs[1]["helpers"] and recs[3]["helpers"] and not recs[2]["helpers"]
+
+
+def test_flower_strategy_state_survives_a_crash_and_resume(small_npz, tmp_path):
+    """strategy=fedadam: its moments m_t and v_t are in the round-2 checkpoint, so the resumed run
+    is the uninterrupted one, record for record."""
+    overrides = OVERRIDES + " method=fixmatch strategy=fedadam strategy.params.eta=0.01"
+    base = run_server(tmp_path / "base", small_npz, overrides=overrides)
+    assert records(base)[-1]["strategy"]["name"] == "fedadam"
+    resumed = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz, overrides)
+    assert records(resumed) == records(base)
