@@ -11,6 +11,8 @@ the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
   (FixMatch − FedAvg, X-FedDPL − X, FedDB − FixMatch-FedDPL, ...) with a 95 % interval; the
   accuracy of confident pseudo-labels per method; the DPL/DMA ablation of FedDB's FixMatch client
   (Table 4); results.csv: the numbers, one line per cell;
+- when the runs span several server strategies (`strategy=`): strategies × the clients' methods,
+  final accuracy and paired differences from Flower's FedAvg, and strategies.png;
 - convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
 Each method keeps one colour in every figure (X-FedDPL: the light shade of X's, dashed).
 """
