@@ -40,7 +40,7 @@ ORDER = ["FedAvg", "FixMatch", "FedMatch", "FedRGD", "SemiFL", "FixMatch-FedDPL"
          "FedMatch-FedDPL", "FedRGD-FedDPL", "SemiFL-FedDPL", "FedDB"]
 
 
-STRATEGY_NAMES = {"method": "project averaging (server momentum)", "fedavg": "FedAvg",
+STRATEGY_NAMES = {"method": "the method's own (project)", "fedavg": "FedAvg",
                   "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
                   "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
                   "fedtrimmedavg": "FedTrimmedAvg", "krum": "Krum", "multikrum": "MultiKrum",
