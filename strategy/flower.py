@@ -202,15 +202,9 @@ class FlowerStrategy(WeightedAverage):
         unsaved = []
         for name, value in vars(self.inner).items():
             kind, packed = pack(value)
-            if kind == "arrays":
+            if kind in ("arrays", "list", "array_record"):
                 arrays[f"inner_{name}"] = packed
-                saved[name] = "arrays"
-            elif kind == "list":
-                arrays[f"inner_{name}"] = packed
-                saved[name] = "list"
-            elif kind == "array_record":
-                arrays[f"inner_{name}"] = packed
-                saved[name] = "array_record"
+                saved[name] = kind
             elif kind == "scalar":
                 saved[name] = ["scalar", packed]
             elif value is not None and not callable(value):
