@@ -270,11 +270,16 @@ class WeightedAverage(FedAvg):
             raise ReplyError("app_u must be finite, non-negative and sum to 1")
         return {"arrays": arrays, "metrics": metrics, "app_u": app_u}
 
-    def aggregation_weights(self, parsed: list[dict[str, Any]]) -> tuple[np.ndarray, dict]:
-        """beta on the simplex: DMA on the clients' APP-U, or uniform / sample-sized."""
+    def aggregation_weights(self, parsed: list[dict[str, Any]],
+                            server_round: int | None = None) -> tuple[np.ndarray, dict]:
+        """beta on the simplex: DMA on the clients' APP-U, or uniform / sample-sized. In a
+        warm-up round every client trained on its labels alone, so every method weighs the
+        updates as labels-only FedAvg does (no DMA, n_m = labels): the warm-up is the same run
+        for every method of a seed, and a paired comparison starts from one model."""
         n = len(parsed)
         d = self.cfg["dma"]
-        if d["enabled"]:
+        warmup = server_round is not None and server_round <= self.cfg["train"]["warmup_rounds"]
+        if d["enabled"] and not warmup:
             res = dma_weights(np.stack([p["app_u"] for p in parsed]), d["mode"], d["steps"],
                               d["lr"], d["optimizer"], d["cap"])
             if res.at_cap:
@@ -286,7 +291,7 @@ class WeightedAverage(FedAvg):
                                  "at_cap": res.at_cap}
         if self.cfg["server"]["weighting"] == "samples":
             # n_m: the examples client m trains on (its labels alone for labels-only training)
-            unl = TRAINERS[self.cfg["method"]["trainer"]].uses_unlabeled
+            unl = TRAINERS[self.cfg["method"]["trainer"]].uses_unlabeled and not warmup
             sizes = np.array([n_l + unl * n_u for n_l, n_u in
                               (self.trusted_sizes(p["metrics"]) for p in parsed)],
                              dtype=np.float64)
@@ -333,7 +338,7 @@ class WeightedAverage(FedAvg):
             self.last_round.update({"skipped": True, "clients": [], "dma": None,
                                     "gradient_diversity": None})
             return None, MetricRecord({"valid_replies": len(parsed)})
-        weights, diagnostics = self.aggregation_weights(parsed)
+        weights, diagnostics = self.aggregation_weights(parsed, server_round)
         client_arrays = [p["arrays"] for p in parsed]
         self.last_round["gradient_diversity"] = gradient_diversity(self.global_arrays,
                                                                    client_arrays)

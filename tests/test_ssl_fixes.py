@@ -228,3 +228,31 @@ def test_fedmatch_psi_step_is_not_swamped_by_its_l2_pull():
     assert ours < 0.05                         # the size of the unlabeled terms' gradients
     with pytest.raises(ConfigError, match="l2_reduction"):
         compose(["method=fedmatch", "method.l2_reduction=max"])
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_warmup_is_the_same_run_for_every_method(small_npz, tmp_path):
+    """In a warm-up round every client trains on its labels alone, so every method aggregates as
+    labels-only FedAvg does (n_m = labels, no DMA) and ends the warm-up with the same model: the
+    paired comparisons start from one model. Before, FixMatch weighed labels-only updates by the
+    unlabeled images too and FedDB by DMA, and their warm-ups ended 10-20 points apart at dir0.1."""
+    from localgrid import run_in_process
+
+    finals = {}
+    for method in ("fedavg", "fixmatch", "feddb"):
+        out = tmp_path / method
+        run_in_process({"dataset": "npz", "data-path": str(small_npz), "method": method,
+                        "num-server-rounds": 2, "seed": 3, "output-dir": str(out),
+                        "partition": "dir0.3",
+                        "overrides": "fl.num_clients=6 fl.fraction_train=0.5 "
+                                     "dataset.num_labeled=100 train.local_steps=3 "
+                                     "train.warmup_rounds=2 server.weighting=samples "
+                                     "fl.node_wait=0 checkpoint.every=0"}, 6)
+        recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        n_l = [c["num_labeled"] for c in recs[-1]["clients"]]
+        assert [c["weight"] for c in recs[-1]["clients"]] == pytest.approx(
+            [n / sum(n_l) for n in n_l]), method
+        finals[method] = torch.load(out / "final_model.pt", weights_only=True)
+    for method in ("fixmatch", "feddb"):
+        for name, tensor in finals["fedavg"].items():
+            assert torch.equal(tensor, finals[method][name]), (method, name)
