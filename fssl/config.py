@@ -218,6 +218,10 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(rb["min_cosine"] is None or (_number(rb["min_cosine"])
                                           and -1 <= rb["min_cosine"] <= 1),
              "server.robust.min_cosine", rb["min_cosine"], "a number in [-1, 1], or null")
+    _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
+             "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
+    _require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,
+             "server.robust.loss_check_size", rb["loss_check_size"], "an integer >= 1")
     _require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
              "partition, reported")
     _require(server["max_samples"] is None or (isinstance(server["max_samples"], int)

@@ -123,6 +123,12 @@ def main(grid: Grid, context: Context) -> None:
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
+    if cfg["server"]["robust"]["loss_check"] is not None:
+        if recorder.has_val:
+            strategy.audit = recorder.audit_loss
+        else:
+            print("[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has "
+                  "no validation split to check updates on (set dataset.val_size > 0)", flush=True)
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1

@@ -97,6 +97,14 @@ class RoundRecorder:
                 self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs, self.fast)
         return out
 
+    def audit_loss(self, arrays: dict[str, np.ndarray]) -> float:
+        """Validation loss of a candidate global model on the split's first
+        `server.robust.loss_check_size` images (the loss check of strategy/robust.py)."""
+        n = self.cfg["server"]["robust"]["loss_check_size"]
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
+        return evaluate(self.model, self.x_val[:n], self.y_val[:n], self.ds.mean, self.ds.std,
+                        self.cfg["eval"]["batch_size"], self.fast)[0]
+
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         t0 = time.perf_counter()
         ev = self.evaluate(arrays)

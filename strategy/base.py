@@ -95,6 +95,9 @@ class WeightedAverage(FedAvg):
         self.driver: Any = self     # what the round loop calls: this, or a Flower wrapper (DP)
         self.known_sizes: dict[int, tuple[int, int]] = {}   # pid -> (n_l, n_u), the server's own
         self.max_samples: int | None = cfg["server"]["max_samples"]
+        # the validation loss of a candidate global model (server.robust.loss_check), set by the
+        # ServerApp from its validation split
+        self.audit: Callable[[dict[str, np.ndarray]], float] | None = None
 
     def set_partition_sizes(self, labeled: list[int], unlabeled: list[int]) -> None:
         """The sizes of the server's own partition (`server.sizes=partition`)."""
@@ -379,6 +382,17 @@ class WeightedAverage(FedAvg):
             keep = [i for i in keep if cos[i] >= rb["min_cosine"]] or keep
             diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
                                                        if i not in keep])
+        if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:
+            sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
+                                          np.asarray(weights, dtype=np.float64)[keep],
+                                          self.audit, rb["loss_check"])
+            info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
+            diag.update(info)
+            if info["loss_dropped"]:
+                log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
+                    "validation loss is lower by more than %s of it", self.last_round.get("round"),
+                    info["loss_dropped"], rb["loss_check"])
+            keep = [keep[i] for i in sub]
         if rb["rule"] in ("krum", "multikrum"):
             f = rb["num_malicious"]
             k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)

@@ -5,6 +5,11 @@
   honest one could.
 - Agreement filter (`server.robust.min_cosine`): drop the updates whose cosine with the round's
   coordinate-wise median update is below the threshold (a sign-flipped update points against it).
+- Loss check (`server.robust.loss_check` = r): the loss-based rejection (LFR) of Fang et al. 2020,
+  "Local model poisoning attacks to Byzantine-robust federated learning", with a threshold in
+  place of a fixed count: drop an update when the weighted average without it has a validation
+  loss (the server's own split) lower by more than r x the loss of the average with everyone.
+  At most (m - 1) // 2 updates go, the most harmful first.
 - Rules (`server.robust.rule`): `mean` (the weighted average: DMA's or n_m/N weights), `median`
   and `trimmed_mean` (coordinate-wise; they have no weights, so DMA cannot steer them), `krum` and
   `multikrum` (keep the clients closest to their neighbours, then the weighted average over them,
@@ -16,6 +21,7 @@ selection live inside strategy methods, so the few lines are written here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,6 +72,38 @@ def median_agreement(global_arrays: dict[str, np.ndarray],
     ref = np.median(flat, axis=0)
     norms = np.linalg.norm(flat, axis=1) * np.linalg.norm(ref)
     return np.where(norms > 0, flat @ ref / np.maximum(norms, 1e-300), 0.0)
+
+
+def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
+               weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
+               tol: float) -> tuple[list[int], dict[str, Any]]:
+    """LFR with threshold `tol`: the clients kept and, per client, the relative loss change
+    (L_all - L_without_m) / L_all (> 0: the average is worse with m). Weights are renormalised to
+    their total over each subset; what they leave stays on the global model, as in the update."""
+    n = len(client_arrays)
+    weights = np.asarray(weights, dtype=np.float64)
+    total = float(weights.sum())
+
+    def average(idx: list[int]) -> dict[str, np.ndarray]:
+        w = weights[idx] * total / weights[idx].sum() if weights[idx].sum() > 0 else \
+            np.full(len(idx), total / len(idx))
+        out = {}
+        for k, g in global_arrays.items():
+            if not np.issubdtype(g.dtype, np.floating):
+                out[k] = g
+                continue
+            avg = sum(wi * client_arrays[i][k].astype(np.float64) for wi, i in zip(w, idx))
+            out[k] = (avg + (1.0 - total) * g).astype(g.dtype)
+        return out
+
+    everyone = list(range(n))
+    base = loss_fn(average(everyone))
+    impact = np.array([(base - loss_fn(average([j for j in everyone if j != i])))
+                       / max(abs(base), 1e-12) for i in everyone])
+    worst = [int(i) for i in np.argsort(-impact, kind="stable") if impact[i] > tol]
+    dropped = sorted(worst[:(n - 1) // 2])
+    return [i for i in everyone if i not in dropped], {
+        "loss_all": base, "loss_impact": impact.tolist(), "loss_dropped": dropped}
 
 
 def krum_select(client_arrays: list[dict[str, np.ndarray]], num_malicious: int,

@@ -154,3 +154,39 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
     flipped = {"w": -honest[0]["w"]}
     cos = median_agreement(g, honest + [flipped])
     assert (cos[:4] > 0).all() and cos[4] < 0
+
+
+def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
+    """LFR with a threshold: the average without a sign-flipped update is closer to the optimum,
+    so it goes; honest updates, each a noisy step towards the optimum, stay."""
+    from strategy.robust import loss_check
+
+    rng = np.random.default_rng(1)
+    target = rng.normal(size=40)
+    g = {"w": np.zeros(40, np.float32), "steps": np.array(3)}
+    honest = [{"w": (0.3 * target + 0.1 * rng.normal(size=40)).astype(np.float32),
+               "steps": np.array(4)} for _ in range(4)]
+    flipped = {"w": -honest[1]["w"], "steps": np.array(4)}
+
+    def loss(arrays):
+        assert arrays["steps"] == 3                     # integer buffers stay the global's
+        return float(np.sum((arrays["w"] - target) ** 2))
+
+    keep, info = loss_check(g, honest + [flipped], np.full(5, 0.2), loss, 0.02)
+    assert keep == [0, 1, 2, 3] and info["loss_dropped"] == [4]
+    assert info["loss_impact"][4] > 0.02 and max(info["loss_impact"][:4]) < 0
+    # a majority is never dropped, however the threshold is set
+    keep, info = loss_check(g, honest + [flipped], np.full(5, 0.2), loss, -10.0)
+    assert len(keep) == 3
+
+
+def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
+    rounds = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip",
+                 "dataset.val_size=200 server.robust.loss_check=0.02", rounds=3)
+    assert all(r["robust"]["loss_dropped"] == [0] for r in rounds)
+    assert all(len(r["robust"]["loss_impact"]) == 5 for r in rounds)
+    assert all(0 not in r["robust"]["selected"] for r in rounds)
+    off = run(tmp_path, "lfr-off", small_npz, "feddb", "sign_flip",
+              "dataset.val_size=200", rounds=3)
+    assert all("loss_dropped" not in r["robust"] for r in off)
+    assert rounds[-1]["val_loss"] < off[-1]["val_loss"]
