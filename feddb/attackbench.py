@@ -1,6 +1,6 @@
 """The attack benchmark: one malicious node of five, every round, on MNIST-10k.
 
-    feddb attacks --out runs/attacks        # 16 runs, about 25 min here
+    feddb attacks --out runs/attacks        # 20 runs, about 60 min here
 
 Setting: experiment=quick (1000 labels, Dirichlet δ=0.3, 40 rounds) with 5 clients, all 5 every
 round; node 0 attacks (client_app/attacks.py, switched on here through node_config and
@@ -28,6 +28,7 @@ SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
           "scaled_update": ("feddb", ""), "sign_flip": ("feddb", ""), "nan": ("feddb", "")}
 HONEST_SEEDS = (0, 1, 2)
+LOSS_CHECK = " server.robust.loss_check=0.02"     # the opt-in defence against a sign flip
 
 
 def plan() -> list[dict]:
@@ -48,6 +49,10 @@ def plan() -> list[dict]:
             runs.append({"dir": f"{attack}/{'defaults' if defended else 'undefended'}",
                          "method": method, "extra": extra + ("" if defended else UNDEFENDED),
                          "attack": attack, "seed": 0})
+    runs.append({"dir": "sign_flip/loss-check", "method": "feddb", "extra": LOSS_CHECK,
+                 "attack": "sign_flip", "seed": 0})
+    runs += [{"dir": f"clean-loss-check/feddb/s{seed}", "method": "feddb", "extra": LOSS_CHECK,
+              "attack": None, "seed": seed} for seed in HONEST_SEEDS]
     return runs
 
 
@@ -78,8 +83,28 @@ def table(out: Path) -> str:
         lines.append(f"| {s} | {pct(final(out / f'clean/feddb/s{s}'))} | "
                      f"{pct(final(out / f'clean-undefended/feddb/s{s}'))} | {diff:+.2f} |")
     lines.append(f"| mean, 95 % interval | | | {mean:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
-    lines += ["", honest_weights([out / f"clean-undefended/feddb/s{s}" for s in HONEST_SEEDS])]
+    lines += ["", loss_check_table(out), "", honest_weights([out / f"clean-undefended/feddb/s{s}" for s in HONEST_SEEDS])]
     return "\n".join(lines)
+
+
+def loss_check_table(out: Path) -> str:
+    """The opt-in loss check against the sign flip, against the level of node 0 being absent (the
+    NaN run: its reply dropped every round), and what it costs honest runs."""
+    from .report import interval95
+
+    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    d = [100 * (final(out / f"clean-loss-check/feddb/s{s}") - final(out / f"clean/feddb/s{s}"))
+         for s in HONEST_SEEDS]
+    mean, lo, hi = interval95(d)
+    return "\n".join([
+        f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
+        f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
+        f"{pct(final(out / 'clean/feddb/s0'))}).", "",
+        "Honest runs, FedDB, no attack: the loss check vs the defaults", "",
+        "| seed | with the loss check | defaults | difference |", "|---|---|---|---|",
+        *[f"| {s} | {pct(final(out / f'clean-loss-check/feddb/s{s}'))} | "
+          f"{pct(final(out / f'clean/feddb/s{s}'))} | {x:+.2f} |" for s, x in zip(HONEST_SEEDS, d)],
+        f"| mean, 95 % interval | | | {mean:+.2f} [{lo:+.2f}, {hi:+.2f}] |"])
 
 
 def honest_weights(run_dirs: list[Path]) -> str:

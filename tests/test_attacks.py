@@ -190,3 +190,23 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
               "dataset.val_size=200", rounds=3)
     assert all("loss_dropped" not in r["robust"] for r in off)
     assert rounds[-1]["val_loss"] < off[-1]["val_loss"]
+
+
+def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
+    """`feddb attacks` plans the opt-in loss check runs and reports them against the level of
+    node 0 being absent (the NaN run) and against honest runs with the defaults."""
+    from feddb.attackbench import plan, table
+
+    runs = plan()
+    dirs = {r["dir"] for r in runs}
+    assert {"sign_flip/loss-check", "clean-loss-check/feddb/s2"} <= dirs
+    assert all("loss_check=0.02" in r["extra"] for r in runs if "loss-check" in r["dir"])
+    for i, r in enumerate(runs):
+        d = tmp_path / r["dir"]
+        d.mkdir(parents=True)
+        acc = {"sign_flip/loss-check": 0.871, "nan/defaults": 0.871}.get(r["dir"], 0.94)
+        (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
+        (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
+    text = table(tmp_path)
+    assert "Sign flip with `server.robust.loss_check=0.02`: 87.10 (node 0 absent" in text
+    assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
