@@ -14,7 +14,7 @@ from localgrid import metrics_without_timing
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = ("fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
-        "train.tau=0.5 fl.node_wait=5")
+        "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0")
 
 
 def launch(tmp_path, run_config, *extra, timeout=400):

@@ -17,7 +17,7 @@ from localgrid import metrics_without_timing, run_in_process
 
 ROUNDS = 4
 OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
-             "train.tau=0.6 fl.node_wait=0 checkpoint.every=2")
+             "train.tau=0.6 fl.node_wait=0 checkpoint.every=2 train.warmup_rounds=0")
 
 
 pytestmark = pytest.mark.usefixtures("task_identity")

@@ -19,7 +19,7 @@ from strategy.flower import FLOWER, FlowerStrategy
 
 K = 3
 OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=1 "
-             "train.tau=0.6 fl.node_wait=0 checkpoint.every=0")
+             "train.tau=0.6 fl.node_wait=0 checkpoint.every=0 train.warmup_rounds=0")
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -140,7 +140,8 @@ def _aggregate(s, replies, server_round=1):
 
 
 def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
-    base = ["fl.num_clients=4", "fl.fraction_train=1.0", "method=feddb", "server.robust.clip=null"]
+    base = ["fl.num_clients=4", "fl.fraction_train=1.0", "method=feddb", "server.robust.clip=null",
+            "train.warmup_rounds=0"]
     replies = [_reply(i, [float(i), 0.0], a, 20 + i) for i, a in enumerate(APPS)]
     alone = make_strategy(compose([*base, "server.momentum=0"]), K)
     _aggregate(alone, replies)

@@ -13,7 +13,8 @@ K = 3
 
 
 def _cfg(*extra):
-    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", "server.weighting=uniform", *extra])
+    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", "server.weighting=uniform",
+                    "train.warmup_rounds=0", *extra])
 
 
 def _global():
