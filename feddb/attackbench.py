@@ -83,7 +83,8 @@ def table(out: Path) -> str:
         lines.append(f"| {s} | {pct(final(out / f'clean/feddb/s{s}'))} | "
                      f"{pct(final(out / f'clean-undefended/feddb/s{s}'))} | {diff:+.2f} |")
     lines.append(f"| mean, 95 % interval | | | {mean:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
-    lines += ["", loss_check_table(out), "", honest_weights([out / f"clean-undefended/feddb/s{s}" for s in HONEST_SEEDS])]
+    lines += ["", loss_check_table(out), "",
+              honest_weights([out / f"clean-undefended/feddb/s{s}" for s in HONEST_SEEDS])]
     return "\n".join(lines)
 
 

@@ -398,10 +398,8 @@ class WeightedAverage(FedAvg):
             k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)
             keep = [keep[i] for i in robust.krum_select([client_arrays[i] for i in keep], f, k)]
         if len(keep) < len(client_arrays):
-            total = float(np.sum(weights))
-            kept = np.asarray(weights, dtype=np.float64)[keep]
-            weights = (kept * total / kept.sum() if kept.sum() > 0
-                       else np.full(len(keep), total / len(keep)))
+            weights = robust.renormalise(np.asarray(weights, dtype=np.float64)[keep],
+                                         float(np.sum(weights)))
             client_arrays = [client_arrays[i] for i in keep]
             diag["selected"] = keep
         self.last_round["robust"] = diag

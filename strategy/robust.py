@@ -74,6 +74,12 @@ def median_agreement(global_arrays: dict[str, np.ndarray],
     return np.where(norms > 0, flat @ ref / np.maximum(norms, 1e-300), 0.0)
 
 
+def renormalise(kept: np.ndarray, total: float) -> np.ndarray:
+    """The weights of the clients kept, scaled back to the total of all (uniform if all are 0)."""
+    kept = np.asarray(kept, dtype=np.float64)
+    return kept * total / kept.sum() if kept.sum() > 0 else np.full(len(kept), total / len(kept))
+
+
 def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
                weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
                tol: float) -> tuple[list[int], dict[str, Any]]:
@@ -85,8 +91,7 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
     total = float(weights.sum())
 
     def average(idx: list[int]) -> dict[str, np.ndarray]:
-        w = weights[idx] * total / weights[idx].sum() if weights[idx].sum() > 0 else \
-            np.full(len(idx), total / len(idx))
+        w = renormalise(weights[idx], total)
         out = {}
         for k, g in global_arrays.items():
             if not np.issubdtype(g.dtype, np.floating):
