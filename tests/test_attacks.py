@@ -4,6 +4,7 @@ and contained with the defaults (client_app/attacks.py, strategy/robust.py, READ
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,3 +211,32 @@ def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
     text = table(tmp_path)
     assert "Sign flip with `server.robust.loss_check=0.02`: 87.10 (node 0 absent" in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
+
+
+def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkeypatch, capsys):
+    """`--part K/N` runs every N-th planned run; the parts together run each run once, and the
+    table is written only when every run is complete."""
+    import feddb.inprocess
+    from feddb.attackbench import main, plan
+
+    started = []
+
+    def fake_run(rc, node_config=None):
+        d = Path(rc["output-dir"])
+        started.append(d.relative_to(tmp_path).as_posix())
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text("num_rounds: 2\n")
+        (d / "summary.json").write_text(json.dumps({"rounds": 2, "final_test_accuracy": 0.9}))
+        (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
+
+    monkeypatch.setattr(feddb.inprocess, "run_in_process", fake_run)
+    monkeypatch.delenv(ENV, raising=False)        # main() sets it; restored after the test
+    assert main(["--out", str(tmp_path), "--part", "2/2"]) == 2
+    assert "--part must be K/N" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--part", "0/2"]) == 0
+    first = list(started)
+    assert first == [r["dir"] for r in plan()[0::2]]
+    assert not (tmp_path / "attacks.md").exists()
+    assert main(["--out", str(tmp_path), "--part", "1/2"]) == 0
+    assert sorted(started) == sorted(r["dir"] for r in plan())
+    assert "Sign flip with" in (tmp_path / "attacks.md").read_text()
