@@ -2,7 +2,8 @@
 
     feddb attacks --out runs/attacks        # 20 runs, about 60 min here
     feddb attacks --out runs/attacks --part 0/2  &  feddb attacks --out runs/attacks --part 1/2
-                                            # the same runs on two cores, about 35 min
+                                            # the same runs on two cores, about 20 min
+    feddb attacks --federation default --out runs/attacks20    # the quick preset's federation
 
 Setting: experiment=quick (1000 labels, Dirichlet δ=0.3, 40 rounds) with 5 clients, all 5 every
 round; node 0 attacks (client_app/attacks.py, switched on here through node_config and
@@ -25,6 +26,10 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[1]
 SETTING = ("experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
            "fl.min_train_clients=1 checkpoint.every=0{extra}'")
+# --federation default: the quick preset's own federation (20 clients, 10 a round), where node 0
+# is drawn in about half of the rounds and is then 1 of 10
+SETTINGS = {"five": SETTING, "default": "experiment='quick' overrides='checkpoint.every=0{extra}'"}
+HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)"}
 UNDEFENDED = " dma.cap=null server.sizes=reported server.robust.clip=null"
 SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
@@ -62,11 +67,11 @@ def final(run_dir: Path) -> float:
     return json.loads((run_dir / "summary.json").read_text())["final_test_accuracy"]
 
 
-def table(out: Path) -> str:
+def table(out: Path, federation: str = "five") -> str:
     from .report import interval95
 
     pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
-    lines = ["| attack (node 0 of 5, every round) | victim | clean | attacked, no defence | "
+    lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
              "attacked, defaults | defaults − clean |", "|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
         tag = method + ("-samples" if extra else "")
@@ -131,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", default="0/1", metavar="K/N",
                     help="run only every N-th run from the K-th (0 <= K < N), so that N "
                          "processes share the plan; the table is written once all are complete")
+    ap.add_argument("--federation", choices=sorted(SETTINGS), default="five",
+                    help="five: 5 clients, all every round (the benchmark); default: the quick "
+                         "preset's 20 clients, 10 a round (use another --out)")
     args = ap.parse_args(argv)
     try:
         k, n = (int(x) for x in args.part.split("/"))
@@ -156,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[attacks] {i}/{len(runs)} {r['dir']}", flush=True)
         rc = parse_run_config(f"method='{r['method']}' seed={r['seed']} output-dir='{run_dir}' "
-                              + SETTING.format(extra=r["extra"]))
+                              + SETTINGS[args.federation].format(extra=r["extra"]))
         run_in_process(rc, node_config={0: {"attack": r["attack"]}} if r["attack"] else None)
     missing = [r["dir"] for r in runs if not complete(out / r["dir"])]
     if missing:
         print(f"[attacks] part {k}/{n} done; {len(missing)} runs of other parts still to finish "
               f"(first: {missing[0]}); run again without --part for the table")
         return 0
-    text = table(out)
+    text = table(out, args.federation)
     (out / "attacks.md").write_text(text + "\n")
     print(text)
     return 0

@@ -219,10 +219,11 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     import feddb.inprocess
     from feddb.attackbench import main, plan
 
-    started = []
+    started, overrides = [], []
 
     def fake_run(rc, node_config=None):
         d = Path(rc["output-dir"])
+        overrides.append(rc["overrides"])
         started.append(d.relative_to(tmp_path).as_posix())
         d.mkdir(parents=True)
         (d / "config.yaml").write_text("num_rounds: 2\n")
@@ -240,3 +241,9 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     assert main(["--out", str(tmp_path), "--part", "1/2"]) == 0
     assert sorted(started) == sorted(r["dir"] for r in plan())
     assert "Sign flip with" in (tmp_path / "attacks.md").read_text()
+    assert all("fl.num_clients=5" in o for o in overrides)
+    # the quick preset's own federation: 20 clients, 10 a round, said in the table
+    overrides.clear()
+    assert main(["--out", str(tmp_path / "fed20"), "--federation", "default"]) == 0
+    assert overrides and not any("fl.num_clients" in o for o in overrides)
+    assert "node 0 of 20, when drawn" in (tmp_path / "fed20" / "attacks.md").read_text()
