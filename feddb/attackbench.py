@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-SETTING = ("experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
-           "fl.min_train_clients=1 checkpoint.every=0{extra}'")
-# --federation default: the quick preset's own federation (20 clients, 10 a round), where node 0
-# is drawn in about half of the rounds and is then 1 of 10
-SETTINGS = {"five": SETTING, "default": "experiment='quick' overrides='checkpoint.every=0{extra}'"}
+# five: the benchmark; default: the quick preset's own federation (20 clients, 10 a round), where
+# node 0 is drawn in about half of the rounds and is then 1 of 10
+SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
+                    "fl.min_train_clients=1 checkpoint.every=0{extra}'",
+            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'"}
 HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)"}
 UNDEFENDED = " dma.cap=null server.sizes=reported server.robust.clip=null"
 SAMPLES = " server.weighting=samples"
@@ -63,6 +63,10 @@ def plan() -> list[dict]:
     return runs
 
 
+def pct(v: float) -> str:
+    return f"{100 * v:.2f}"
+
+
 def final(run_dir: Path) -> float:
     return json.loads((run_dir / "summary.json").read_text())["final_test_accuracy"]
 
@@ -70,7 +74,6 @@ def final(run_dir: Path) -> float:
 def table(out: Path, federation: str = "five") -> str:
     from .report import interval95
 
-    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
     lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
              "attacked, defaults | defaults − clean |", "|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
@@ -100,7 +103,6 @@ def loss_check_table(out: Path) -> str:
     NaN run: its reply dropped every round), and what it costs honest runs."""
     from .report import interval95
 
-    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
     d = [100 * (final(out / f"clean-loss-check/feddb/s{s}") - final(out / f"clean/feddb/s{s}"))
          for s in HONEST_SEEDS]
     mean, lo, hi = interval95(d)

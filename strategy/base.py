@@ -411,7 +411,6 @@ class WeightedAverage(FedAvg):
         s, mu = self.cfg["server"]["lr"], self.cfg["server"]["momentum"]
         client_arrays, weights = self.defend(client_arrays, weights)
         rule, trim = self.cfg["server"]["robust"]["rule"], self.cfg["server"]["robust"]["trim"]
-        rest = 1.0 - float(np.sum(weights))          # weight left on the global model (FedRGD)
         new: dict[str, np.ndarray] = {}
         for key, old in self.global_arrays.items():
             if not np.issubdtype(old.dtype, np.floating):      # e.g. num_batches_tracked
@@ -421,9 +420,7 @@ class WeightedAverage(FedAvg):
                 avg = robust.combine(np.stack([a[key].astype(np.float64) for a in client_arrays]),
                                      weights, rule, trim)
             else:
-                avg = sum(w * a[key].astype(np.float64) for w, a in zip(weights, client_arrays))
-                if abs(rest) > 1e-12:
-                    avg = avg + rest * old.astype(np.float64)
+                avg = robust.weighted_mean(old, [a[key] for a in client_arrays], weights)
             if key.endswith(STAT_SUFFIXES):
                 new[key] = avg.astype(old.dtype)
                 continue

@@ -80,6 +80,13 @@ def renormalise(kept: np.ndarray, total: float) -> np.ndarray:
     return kept * total / kept.sum() if kept.sum() > 0 else np.full(len(kept), total / len(kept))
 
 
+def weighted_mean(old: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """Σ w_m a_m in float64, with the weight the clients leave (1 − Σ w, FedRGD) on `old`."""
+    avg = sum(w * a.astype(np.float64) for w, a in zip(weights, arrays))
+    rest = 1.0 - float(np.sum(weights))
+    return avg + rest * old.astype(np.float64) if abs(rest) > 1e-12 else avg
+
+
 def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
                weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
                tol: float) -> tuple[list[int], dict[str, Any]]:
@@ -92,14 +99,9 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
 
     def average(idx: list[int]) -> dict[str, np.ndarray]:
         w = renormalise(weights[idx], total)
-        out = {}
-        for k, g in global_arrays.items():
-            if not np.issubdtype(g.dtype, np.floating):
-                out[k] = g
-                continue
-            avg = sum(wi * client_arrays[i][k].astype(np.float64) for wi, i in zip(w, idx))
-            out[k] = (avg + (1.0 - total) * g).astype(g.dtype)
-        return out
+        return {k: (weighted_mean(g, [client_arrays[i][k] for i in idx], w).astype(g.dtype)
+                    if np.issubdtype(g.dtype, np.floating) else g)
+                for k, g in global_arrays.items()}
 
     everyone = list(range(n))
     base = loss_fn(average(everyone))
