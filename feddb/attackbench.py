@@ -4,6 +4,7 @@
     feddb attacks --out runs/attacks --part 0/2  &  feddb attacks --out runs/attacks --part 1/2
                                             # the same runs on two cores, about 20 min
     feddb attacks --federation default --out runs/attacks20    # the quick preset's federation
+    feddb attacks --federation forced --out runs/attacks_forced   # node 0 of 20 in every round of 5
 
 Setting: experiment=quick (1000 labels, Dirichlet δ=0.3, 40 rounds) with 5 clients, all 5 every
 round; node 0 attacks (client_app/attacks.py, switched on here through node_config and
@@ -28,8 +29,11 @@ PROJECT = Path(__file__).resolve().parents[1]
 # node 0 is drawn in about half of the rounds and is then 1 of 10
 SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
                     "fl.min_train_clients=1 checkpoint.every=0{extra}'",
-            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'"}
-HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)"}
+            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
+            "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
+                      "checkpoint.every=0{extra}'"}
+HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
+          "forced": "node 0 of 20, in every round of 5"}
 UNDEFENDED = " dma.cap=null server.sizes=reported server.robust.clip=null"
 SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
@@ -140,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                          "processes share the plan; the table is written once all are complete")
     ap.add_argument("--federation", choices=sorted(SETTINGS), default="five",
                     help="five: 5 clients, all every round (the benchmark); default: the quick "
-                         "preset's 20 clients, 10 a round (use another --out)")
+                         "preset's 20 clients, 10 a round; forced: 20 clients, 5 a round, node 0 "
+                         "in every round (fl.always_sample=[0]); use another --out for each")
     args = ap.parse_args(argv)
     try:
         k, n = (int(x) for x in args.part.split("/"))

@@ -149,6 +149,11 @@ def validate(cfg: dict[str, Any]) -> None:
              "fl.fraction_train", fl["fraction_train"], "a number in (0, 1]")
     _require(_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
              "fl.fraction_evaluate", fl["fraction_evaluate"], "a number in [0, 1]")
+    fixed = fl.get("always_sample", [])        # absent from runs saved before it existed
+    _require(isinstance(fixed, list) and all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < fl["num_clients"]
+        for p in fixed), "fl.always_sample", fixed,
+        "a list of partition ids in [0, fl.num_clients), e.g. [0]")
     for key in ("round_timeout", "node_wait"):
         _require(_number(fl[key]) and fl[key] >= 0, f"fl.{key}", fl[key], "a number >= 0")
     _require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,

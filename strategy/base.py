@@ -132,7 +132,11 @@ class WeightedAverage(FedAvg):
         m = self.cfg["fl"]["num_clients"]
         k = max(1, min(m, round(fraction * m)))
         rng = np.random.default_rng([self.cfg["seed"], server_round, 7])
-        return sorted(int(i) for i in rng.choice(m, k, replace=False))
+        fixed = sorted(set(self.cfg["fl"].get("always_sample", [])))[:k]
+        if not fixed:
+            return sorted(int(i) for i in rng.choice(m, k, replace=False))
+        rest = np.setdiff1d(np.arange(m), fixed)      # the others drawn as usual among the rest
+        return sorted([*fixed, *(int(i) for i in rng.choice(rest, k - len(fixed), replace=False))])
 
     def _messages(self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                   message_type: str) -> list[Message]:

@@ -247,3 +247,8 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     assert main(["--out", str(tmp_path / "fed20"), "--federation", "default"]) == 0
     assert overrides and not any("fl.num_clients" in o for o in overrides)
     assert "node 0 of 20, when drawn" in (tmp_path / "fed20" / "attacks.md").read_text()
+    # node 0 of 20 in every round of 5
+    overrides.clear()
+    assert main(["--out", str(tmp_path / "forced"), "--federation", "forced"]) == 0
+    assert all("fl.fraction_train=0.25 fl.always_sample=[0]" in o for o in overrides)
+    assert "node 0 of 20, in every round of 5" in (tmp_path / "forced" / "attacks.md").read_text()

@@ -47,6 +47,8 @@ def test_paper_presets(name):
     ({"overrides": "partition.delta=-0.3"}, "`partition.delta`: -0.3; allowed: a number > 0"),
     ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
     ({"num-server-rounds": 0}, "`num_rounds`: 0"),
+    ({"overrides": "fl.always_sample=[25]"}, "`fl.always_sample`: [25]; allowed: a list of "
+                                             "partition ids in [0, fl.num_clients), e.g. [0]"),
     ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),
     ({"overrides": "train.nosuchkey=1"}, "invalid override"),
     ({"overrides": "train.local_epochs=2.5"}, "`train.local_epochs`: 2.5; allowed: an integer >= 0"),

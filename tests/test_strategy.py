@@ -116,6 +116,17 @@ def test_sampling_is_seeded_by_partition_not_node_ids():
     assert [c.sample(r, 0.5) for r in range(1, 20)] != rounds_a
 
 
+def test_always_sample_puts_a_partition_in_every_round():
+    plain = make_strategy(_cfg("fl.num_clients=20", "fl.fraction_train=0.25"), K)
+    forced = make_strategy(_cfg("fl.num_clients=20", "fl.fraction_train=0.25",
+                                "fl.always_sample=[3]"), K)
+    rounds = [forced.sample(r, 0.25) for r in range(1, 41)]
+    assert all(len(p) == 5 == len(set(p)) and 3 in p for p in rounds)
+    assert sum(3 in plain.sample(r, 0.25) for r in range(1, 41)) < 40      # drawn by chance only
+    others = {q for p in rounds for q in p if q != 3}
+    assert len(others) > 10 and others <= set(range(20))      # the rest still drawn at random
+
+
 def test_configure_train_sends_config_and_lr(task_identity):
     cfg = _cfg("train.lr=0.2", "num_rounds=10")
     s = make_strategy(cfg, K)
