@@ -1,6 +1,6 @@
 """`feddb <command> [options]`: one entry point for the project's tools; `feddb <command> --help`
-describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks, bench and overhead
-measure;
+describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks, bench, overhead
+and startup measure;
 deploy runs the same apps on SuperLink and SuperNodes."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ COMMANDS = {
     "attacks": ("feddb.attackbench", "the attack benchmark: one malicious node of five"),
     "bench": ("feddb.benchmark", "the speed benchmark"),
     "overhead": ("feddb.overhead", "where a round's time goes with a null trainer, and Flower's floor"),
+    "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")          # these read sys.argv themselves (Hydra, argparse)

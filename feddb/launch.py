@@ -157,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-address", default="",
                     help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
     args = ap.parse_args(argv)
-
     sys.path.insert(0, str(PROJECT))
+    from fssl.profiling import process_start
+
+    # the start-up timeline (run_dir/startup.json) counts from this launcher's start
+    os.environ["FEDDB_LAUNCH_TIME"] = str(process_start() or time.time())
     from fssl.config import ConfigError, resolve
     from fssl.data import DataError, load_dataset
 

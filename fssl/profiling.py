@@ -1,11 +1,13 @@
 """cProfile of an app's calls when FEDDB_PROFILE names a directory (`feddb overhead --profile`):
-each process adds its calls to `<dir>/<side>-<pid>.prof`."""
+each process adds its calls to `<dir>/<side>-<pid>.prof`; and the start-up timeline of a run."""
 
 from __future__ import annotations
 
 import cProfile
 import functools
+import json
 import os
+import time
 from collections.abc import Callable
 
 _PROFILES: dict[str, cProfile.Profile] = {}
@@ -27,3 +29,54 @@ def profiled(side: str) -> Callable:
                 prof.dump_stats(os.path.join(directory, f"{side}-{os.getpid()}.prof"))
         return wrapper
     return decorate
+
+
+def process_start(pid: int | str = "self") -> float | None:
+    """Unix time at which a process started (Linux /proc; None elsewhere or if it is gone)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])        # field 22: starttime
+        uptime = float(open("/proc/uptime").read().split()[0])    # /proc/stat's btime is whole s
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ancestor_start(name: str) -> float | None:
+    """Start time of this process or its nearest ancestor whose command line contains `name`."""
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return None
+        if name in cmd:
+            return process_start(pid)
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])               # field 4: ppid
+    return None
+
+
+class Timeline:
+    """Wall-clock marks of a run's start-up, written to run_dir/startup.json after its first round
+    (`feddb startup` reads them): the launcher's start (FEDDB_LAUNCH_TIME, set by `feddb run`),
+    the SuperLink's, its SuperExec's and this process's start (from /proc), then the ServerApp's own steps."""
+
+    def __init__(self) -> None:
+        launch = os.environ.get("FEDDB_LAUNCH_TIME")
+        self.marks: dict[str, float | None] = {
+            "launch": float(launch) if launch else None,
+            "superlink_start": ancestor_start("flower-superlink"),
+            "superexec_start": ancestor_start("flower-superexec"),
+            "process_start": process_start()}
+        self.mark("server_main")
+        self.written = False
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.time()
+
+    def write(self, path: str | os.PathLike) -> None:
+        if not self.written:
+            self.written = True
+            with open(path, "w") as f:
+                json.dump(self.marks, f, indent=2)

@@ -20,7 +20,7 @@ from fssl import checkpoint
 from fssl.config import resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
-from fssl.profiling import profiled
+from fssl.profiling import Timeline, profiled
 from fssl.runtime import data_meta, dataset_for, partition_for
 from fssl.train import resolve_device
 from strategy import WeightedAverage, make_strategy
@@ -96,6 +96,7 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict
 @app.main()
 @profiled("server")
 def main(grid: Grid, context: Context) -> None:
+    timeline = Timeline()
     cfg, resume_dir = resolve(dict(context.run_config))
     run_dir = resume_dir or run_dir_for(cfg)
     if resume_dir is None:
@@ -112,12 +113,14 @@ def main(grid: Grid, context: Context) -> None:
     part = partition_for(cfg)
     if resume_dir is None:
         save_partition(part, ds.y_train, run_dir)
+    timeline.mark("data_ready")
 
     strategy = make_strategy(cfg, ds.num_classes)
     strategy.set_partition_sizes([len(i) for i in part.labeled], [len(i) for i in part.unlabeled])
     if strategy.max_samples is None:
         strategy.max_samples = len(ds.y_train)
     strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"]))
+    timeline.mark("nodes_bound")
 
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
@@ -133,11 +136,16 @@ def main(grid: Grid, context: Context) -> None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1
         recorder(0, arrays)
+        timeline.mark("initial_evaluation")
     else:
         arrays, first_round = restore(run_dir, strategy, recorder)
         print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
 
     def after_round(server_round: int, current: ArrayRecord) -> None:
+        if not timeline.written:
+            timeline.marks["first_round_sent"] = getattr(strategy, "first_push_time", None)
+            timeline.mark("first_round_done")
+            timeline.write(run_dir / "startup.json")
         every = cfg["checkpoint"]["every"]
         if server_round == cfg["num_rounds"] or (every and server_round % every == 0):
             save_checkpoint(run_dir, server_round, current, strategy, recorder)

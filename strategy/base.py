@@ -199,6 +199,7 @@ class WeightedAverage(FedAvg):
         overlap = not getattr(grid, "synchronous", False)    # in-process: nothing to overlap
         clock = Stopwatch()
         pending = self.push_train(grid, first_round, arrays) if first_round <= last else None
+        self.first_push_time = time.time()         # the start-up timeline's "first round sent"
         for server_round in range(first_round, last + 1):
             clock.lap("configure")
             replies = collect(grid, pending, timeout)
