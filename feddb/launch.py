@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -83,6 +84,32 @@ def superlink_pids(port: int) -> list[int]:
         if any(b"flower-superlink" in c for c in cmd[:2]) and str(port).encode() in cmd:
             pids.append(int(proc.name))
     return pids
+
+
+SKIP_DIRS = (".git", ".venv", ".flwr", "__pycache__")    # never in a FAB (Flower's rules)
+
+
+def lean_app(app: Path, stage: Path) -> Path:
+    """A copy of the app directory without the directories that Flower's FAB leaves out anyway
+    (those ignored by the app's .gitignore, and .git, .venv, __pycache__). `flwr run` lists and
+    resolves every file under the app directory before it filters them: with the virtual
+    environment inside the project (`make`'s .venv, about 50,000 files) that took 5-9 s of every
+    start-up here. The FAB built from the copy is the same, byte for byte (tested)."""
+    from pathspec import PathSpec
+
+    ignore = app / ".gitignore"
+    spec = PathSpec.from_lines("gitignore", ignore.read_text().splitlines()
+                               if ignore.is_file() else [])
+    for root, dirs, files in os.walk(app):
+        rel = Path(root).relative_to(app)
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not spec.match_file(
+            (rel / d).as_posix() + "/") and not (Path(root) / d).is_symlink()]
+        (stage / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            src = Path(root) / name
+            if not src.is_symlink():          # Flower skips symlinks too
+                shutil.copyfile(src, stage / rel / name)
+    return stage
 
 
 def flwr_exe() -> str:
@@ -218,11 +245,14 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
-    cmd = ["run", str(app), "--format", "json", "--federation-config", fed_text]
+    stage = tempfile.TemporaryDirectory(prefix="feddb-app-")
+    cmd = ["run", str(lean_app(app, Path(stage.name))), "--format", "json",
+           "--federation-config", fed_text]
     if run_config:
         cmd += ["--run-config", run_config]
     try:
         started = flwr(cmd, env, capture=True)
+        stage.cleanup()                        # the SuperLink holds the FAB now
         try:
             run_id = json.loads(started.stdout[started.stdout.find("{"):])["run-id"]
         except (ValueError, KeyError):
@@ -240,6 +270,7 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
             print(f"run {run_id}: {status['status']}")
         return 0
     finally:
+        stage.cleanup()
         stop(superlink_pids(http_port))
 
 

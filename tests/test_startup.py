@@ -59,3 +59,19 @@ def test_startup_table_gives_medians_since_the_launcher_and_the_superlink(monkey
     assert "| round 1 aggregated, evaluated and recorded | 15.0 (14.0-16.0) | 13.0 (12.0-14.0) |" in out
     assert "| SuperLink process started (by `flwr run`) | 2.0 (2.0-2.0) | 0.0 (0.0-0.0) |" in out
     assert st.main(["--repeat", "0"]) == 2
+
+
+def test_the_lean_app_copy_builds_the_same_fab_without_walking_the_venv(tmp_path):
+    """`flwr run` is pointed at a copy without .venv, runs/ and the like: same FAB, byte for byte."""
+    from pathlib import Path
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from feddb.launch import PROJECT, lean_app
+
+    (PROJECT / "runs").mkdir(exist_ok=True)          # ignored output: must not reach the copy
+    stage = lean_app(PROJECT, tmp_path / "stage")
+    copied = {p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file()}
+    assert "pyproject.toml" in copied and "strategy/base.py" in copied
+    assert not any(p.split("/")[0] in (".venv", ".git", "runs", ".flwr-home") for p in copied)
+    assert build_fab_from_disk(stage) == build_fab_from_disk(Path(PROJECT))
