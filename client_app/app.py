@@ -17,13 +17,14 @@ from flwr.clientapp import ClientApp
 
 from client_app.attacks import apply_attack, attack_of
 from fssl.methods import make_trainer
-from fssl.profiling import profiled
+from fssl.profiling import process_start, profiled
 from fssl.runtime import client_data_for, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
 from strategy.base import arrays_to_torch
 
 app = ClientApp()
+IMPORTED_AT = time.time()            # for the start-up timeline (the query reply carries it)
 
 
 def _setup(msg: Message, context: Context):
@@ -104,5 +105,6 @@ def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds (node ids are random per run)."""
     info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
                          "num-partitions": int(context.node_config.get("num-partitions", -1)),
-                         "own-data": int(bool(context.node_config.get("data-path")))})
+                         "own-data": int(bool(context.node_config.get("data-path"))),
+                         "process-start": process_start() or 0.0, "imported-at": IMPORTED_AT})
     return Message(content=RecordDict({"info": info}), reply_to=msg)

@@ -28,8 +28,9 @@ STEPS = (("superlink_start", "SuperLink process started (by `flwr run`)"),
          ("process_start", "simulation process started (by the SuperExec: `flwr-simulation`)"),
          ("server_main", "ServerApp entered (its imports done; Ray starting beside it)"),
          ("data_ready", "data loaded and partitioned"),
-         ("nodes_bound", "nodes answered their partition query (Ray's workers up)"),
-         ("initial_evaluation", "round 0 evaluated"),
+         ("client_process_start", "first client worker process started (Ray)"),
+         ("client_app_imported", "last client worker imported the ClientApp (torch, ...)"),
+         ("nodes_bound", "every node answered its partition query"),
          ("first_round_sent", "round 1's instructions sent"),
          ("first_round_done", "round 1 aggregated, evaluated and recorded"))
 

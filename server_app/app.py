@@ -44,10 +44,14 @@ def run_dir_for(cfg: dict[str, Any]) -> Path:
     return path
 
 
-def query_nodes(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict[str, int]]:
-    """Ask each node its partition id and whether it holds its own data file."""
+def query_nodes(grid: Grid, nodes: list[int], timeout: float,
+                timeline: Timeline | None = None) -> dict[int, dict[str, int]]:
+    """Ask each node its partition id and whether it holds its own data file (and, for the
+    start-up timeline, when its process started and imported the ClientApp)."""
     msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
     info: dict[int, dict[str, int]] = {}
+    started: list[float | None] = []
+    imported: list[float] = []
     for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
         if reply.has_error():
             raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
@@ -55,10 +59,17 @@ def query_nodes(grid: Grid, nodes: list[int], timeout: float) -> dict[int, dict[
         rec = reply.content["info"]
         info[reply.metadata.src_node_id] = {"pid": int(rec["partition-id"]),
                                             "own-data": int(rec.get("own-data", 0))}
+        if timeline is not None and rec.get("imported-at"):
+            started.append(float(rec["process-start"]) or None)
+            imported.append(float(rec["imported-at"]))
+    if timeline is not None and imported:
+        timeline.marks["client_process_start"] = min((t for t in started if t), default=None)
+        timeline.marks["client_app_imported"] = max(imported)
     return info
 
 
-def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict[int, int]:
+def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0,
+                    timeline: Timeline | None = None) -> dict[int, int]:
     """pid -> node id. One node per client when the federation has exactly that many (each
     trains its node_config partition). Nodes without their own data file (simulation) may hold
     several: with fewer SuperNodes than clients (Flower's default simulation has 2), client m goes
@@ -69,7 +80,7 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0) -> dict
     while not nodes and time.monotonic() < deadline:
         time.sleep(0.5)
         nodes = sorted(grid.get_node_ids())
-    info = query_nodes(grid, nodes, timeout) if nodes else {}
+    info = query_nodes(grid, nodes, timeout, timeline) if nodes else {}
     shared = bool(info) and not any(v["own-data"] for v in info.values())
     if shared and len(nodes) != num_clients:
         return {pid: nodes[pid % len(nodes)] for pid in range(num_clients)}
@@ -119,7 +130,8 @@ def main(grid: Grid, context: Context) -> None:
     strategy.set_partition_sizes([len(i) for i in part.labeled], [len(i) for i in part.unlabeled])
     if strategy.max_samples is None:
         strategy.max_samples = len(ds.y_train)
-    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"]))
+    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"],
+                                        timeline))
     timeline.mark("nodes_bound")
 
     torch.manual_seed(cfg["seed"])
@@ -135,8 +147,6 @@ def main(grid: Grid, context: Context) -> None:
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1
-        recorder(0, arrays)
-        timeline.mark("initial_evaluation")
     else:
         arrays, first_round = restore(run_dir, strategy, recorder)
         print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
@@ -154,7 +164,8 @@ def main(grid: Grid, context: Context) -> None:
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)      # one progress line per round instead of Flower's
     try:
-        arrays = strategy.run(grid, arrays, first_round, recorder, after_round)
+        arrays = strategy.run(grid, arrays, first_round, recorder, after_round,
+                              evaluate_first=resume_dir is None)   # round 0, as round 1 trains
     finally:
         flwr_logger.setLevel(level)
         recorder.close()

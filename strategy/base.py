@@ -187,12 +187,14 @@ class WeightedAverage(FedAvg):
     # -- rounds ----------------------------------------------------------------------------
     def run(self, grid: Grid, arrays: ArrayRecord, first_round: int,
             evaluate_fn: Callable[[int, ArrayRecord], Any],
-            after_round: Callable[[int, ArrayRecord], None]) -> ArrayRecord:
+            after_round: Callable[[int, ArrayRecord], None],
+            evaluate_first: bool = False) -> ArrayRecord:
         """Rounds `first_round`..num_rounds (Strategy.start always begins at 1; a resumed run
         does not): train, aggregate, optional federated evaluation, central evaluation, hook.
         Round t + 1's instructions go out before round t's global model is evaluated and
         checkpointed, so the server's own work overlaps the clients' (the results are the same:
-        nothing in round t + 1 depends on the evaluation)."""
+        nothing in round t + 1 depends on the evaluation); so does the evaluation of the model
+        the run starts from (`evaluate_first`: round first_round - 1)."""
         timeout = self.cfg["fl"]["round_timeout"]
         last = self.cfg["num_rounds"]
         after_previous = 0.0
@@ -200,6 +202,8 @@ class WeightedAverage(FedAvg):
         clock = Stopwatch()
         pending = self.push_train(grid, first_round, arrays) if first_round <= last else None
         self.first_push_time = time.time()         # the start-up timeline's "first round sent"
+        if evaluate_first:
+            evaluate_fn(first_round - 1, arrays)
         for server_round in range(first_round, last + 1):
             clock.lap("configure")
             replies = collect(grid, pending, timeout)

@@ -50,7 +50,7 @@ def test_startup_table_gives_medians_since_the_launcher_and_the_superlink(monkey
         i = next(k)
         return {"launch": 100.0, "superlink_start": 102.0, "process_start": 105.0,
                 "server_main": 108.0, "data_ready": 109.0, "nodes_bound": 112.0 + i,
-                "initial_evaluation": 112.5 + i, "first_round_sent": 112.6 + i,
+                "first_round_sent": 112.6 + i,
                 "first_round_done": 114.0 + i}
 
     monkeypatch.setattr(st, "one_run", fake)
