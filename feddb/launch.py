@@ -17,13 +17,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+
+from .resources import RayHead, free_port, mps, ray_head
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -65,15 +68,14 @@ def format_run_config(values: dict) -> str:
     return " ".join(f"{k}={value(v)}" for k, v in values.items())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+FLOWER_PROCESSES = (b"flower-superlink", b"flower-superexec", b"flwr-simulation")
 
 
 def superlink_pids(port: int) -> list[int]:
-    """Pids of flower-superlink processes serving `port` (found through /proc)."""
+    """Pids of the flower-superlink serving `port`, and of its SuperExec and simulation
+    processes (they name it as their runtime API address), found through /proc."""
     pids = []
+    mine = (str(port).encode(), f":{port}".encode())
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -81,7 +83,8 @@ def superlink_pids(port: int) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(b"flower-superlink" in c for c in cmd[:2]) and str(port).encode() in cmd:
+        if (any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES)
+                and any(c == mine[0] or c.endswith(mine[1]) for c in cmd)):
             pids.append(int(proc.name))
     return pids
 
@@ -183,7 +186,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="show Flower's and Ray's own log lines (hidden by default)")
     ap.add_argument("--ray-address", default="",
                     help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
+    ap.add_argument("--flower-ray", action="store_true",
+                    help="let Flower's simulation start Ray itself, as plain `flwr run` does, "
+                         "instead of a Ray head started at once beside the SuperLink (slower)")
     args = ap.parse_args(argv)
+    # Ray starts now, in the background, while the rest starts (feddb.resources.ray_head)
+    with ray_head(not (args.ray_address or args.flower_ray)) as head:
+        return launch(args, head)
+
+
+def launch(args: argparse.Namespace, head: RayHead | None) -> int:
     sys.path.insert(0, str(PROJECT))
     from fssl.profiling import process_start
 
@@ -214,27 +226,32 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.federation_config.split():                # user values win
         key, _, value = item.partition("=")
         fed[key] = value
-    env = {"RAY_ADDRESS": args.ray_address} if args.ray_address else {}
+    if head is not None and head.failure():
+        print(f"[launch] warning: {head.failure()}\n[launch] Flower's simulation starts Ray itself "
+              "instead", flush=True)
+        head = None
+    ray_address = args.ray_address or (head.address if head else "")
+    env = {"RAY_ADDRESS": ray_address} if ray_address else {}
     # (Flower's Ray backend calls ray.init() without an address: RAY_ADDRESS, inherited from the
     # SuperLink this starts, makes it join that cluster instead of starting one.)
-    from .resources import mps
-
     try:
         with mps(args.mps) as line:
             if line:
                 print(f"[launch] {line}", flush=True)
             return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "",
-                            env, args.verbose)
+                            env, args.verbose, watch=head.failure if head else None)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
 def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None = None,
-             verbose: bool = False, show: bool = True) -> int:
+             verbose: bool = False, show: bool = True,
+             watch: Callable[[], str | None] | None = None) -> int:
     """`flwr run app` on a local simulation federation with its own FLWR_HOME default, free
     ports and no runtime dependency installation; follows the log (if `show`), checks that the
-    run finished as completed and stops the SuperLink it started. 0 on success."""
+    run finished as completed and stops the SuperLink it started. 0 on success. `watch` says
+    what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     env = dict(os.environ, **(env_extra or {}))
     env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
@@ -246,6 +263,7 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
     stage = tempfile.TemporaryDirectory(prefix="feddb-app-")
+    done = threading.Event()
     cmd = ["run", str(lean_app(app, Path(stage.name))), "--format", "json",
            "--federation-config", fed_text]
     if run_config:
@@ -259,6 +277,8 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
             print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
                   file=sys.stderr)
             return 1
+        if watch is not None:
+            threading.Thread(target=watchdog, args=(watch, done, http_port), daemon=True).start()
         if show:
             follow_log(run_id, env, verbose)
         status = wait_for(run_id, env, follow=not show)
@@ -270,8 +290,20 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
             print(f"run {run_id}: {status['status']}")
         return 0
     finally:
+        done.set()
         stage.cleanup()
         stop(superlink_pids(http_port))
+
+
+def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int) -> None:
+    """Stop the run's SuperLink (so the run ends) as soon as `watch` reports a failure."""
+    while not done.wait(0.5):
+        failure = watch()
+        if failure:
+            print(f"error: {failure}\nerror: the run cannot go on without it; run again with "
+                  "--flower-ray to let Flower start Ray itself", file=sys.stderr, flush=True)
+            stop(superlink_pids(http_port))
+            return
 
 
 def wait_for(run_id: int, env: dict, follow: bool) -> dict:

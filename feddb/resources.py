@@ -13,8 +13,12 @@ import json
 import math
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +98,84 @@ def mps(enabled: bool) -> Iterator[str]:
         yield "MPS: control daemon started for this run"
     finally:
         control("quit")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_exe() -> str | None:
+    exe = Path(sys.executable).with_name("ray")
+    return str(exe) if exe.exists() else shutil.which("ray")
+
+
+class RayHead:
+    """A Ray head started by `ray_head`: its address, and why it stopped if it has."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, temp: Path) -> None:
+        self.proc, self.address, self.temp = proc, address, temp
+
+    def failure(self) -> str | None:
+        """None while the head runs; else its exit code and the end of its log."""
+        if self.proc.poll() is None:
+            return None
+        log = self.temp / "ray-start.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
+        return f"the Ray head started for this run exited (code {self.proc.returncode}):\n{tail}"
+
+
+@contextlib.contextmanager
+def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
+    """A Ray head for one simulation, started in the background as soon as the launcher starts,
+    so that Ray comes up while Flower's SuperLink, SuperExec and simulation process start (Flower's
+    simulation joins it through RAY_ADDRESS instead of starting Ray itself; its `ray.init` waits
+    for a head still starting). What Ray would start for a local `ray.init()`, less the
+    autoscaler's monitor (no cluster to scale), the dashboard and idle workers, on free ports, so that runs
+    side by side do not collide. Afterwards the whole process group is stopped. Yields None when
+    not enabled or when `ray` is not found."""
+    exe = ray_exe()
+    if not enabled or exe is None:
+        yield None
+        return
+    temp = Path(tempfile.mkdtemp(prefix="feddb-ray-"))     # short: Ray's socket paths must fit
+    port = free_port()
+    ports = {f"--{k}": str(free_port()) for k in (
+        "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "metrics-export-port", "runtime-env-agent-port", "ray-client-server-port")}
+    cmd = [exe, "start", "--head", "--block", "--port", str(port), "--node-ip-address",
+           "127.0.0.1", "--include-dashboard", "false", "--disable-usage-stats", "--no-monitor",
+           "--temp-dir", str(temp), *(x for kv in ports.items() for x in kv),
+           # no idle workers: Flower's actors carry their own runtime env and start their own
+           "--system-config", json.dumps({"enable_worker_prestart": False})]
+    with open(temp / "ray-start.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)      # its own group: stopped as a whole
+    try:
+        yield RayHead(proc, f"127.0.0.1:{port}", temp)
+    finally:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and group_alive(proc.pid):
+                proc.poll()
+                time.sleep(0.1)
+        proc.poll()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the process group is still alive (zombies count as gone)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":        # pgrp, state
+            return True
+    return False
 
 
 def main() -> None:

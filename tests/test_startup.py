@@ -75,3 +75,70 @@ def test_the_lean_app_copy_builds_the_same_fab_without_walking_the_venv(tmp_path
     assert "pyproject.toml" in copied and "strategy/base.py" in copied
     assert not any(p.split("/")[0] in (".venv", ".git", "runs", ".flwr-home") for p in copied)
     assert build_fab_from_disk(stage) == build_fab_from_disk(Path(PROJECT))
+
+
+def test_the_ray_head_serves_a_driver_and_is_stopped_whole(tmp_path):
+    from feddb.resources import group_alive, ray_head
+
+    with ray_head(True) as head:
+        res = subprocess.run([sys.executable, "-c", "import ray, sys; ray.init(address=sys.argv[1],"
+                              " logging_level='ERROR'); print(int(ray.cluster_resources()['CPU']))",
+                              head.address], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert int(res.stdout.split()[-1]) == os.cpu_count()        # all CPUs, as ray.init's
+        assert head.failure() is None
+        pgid, temp = head.proc.pid, head.temp
+    assert not group_alive(pgid) and not temp.exists()
+    with ray_head(False) as none:
+        assert none is None
+
+
+def _fake(tmp_path, name, body):
+    exe = tmp_path / name
+    exe.write_text(f"#!{sys.executable}\n{body}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_a_ray_head_that_fails_is_reported_and_the_launcher_falls_back(tmp_path, monkeypatch,
+                                                                       capsys):
+    import feddb.launch as launch
+    import feddb.resources as resources
+
+    monkeypatch.setattr(resources, "ray_exe", lambda: _fake(
+        tmp_path, "ray", "import sys; print('ValueError: no such port'); sys.exit(3)"))
+    with resources.ray_head(True) as head:
+        head.proc.wait(timeout=30)
+        assert "exited (code 3)" in head.failure() and "no such port" in head.failure()
+    seen = {}
+
+    def fake_flwr_run(app, fed, rc, env, verbose, watch=None):
+        seen.update(env=env, watch=watch)
+        return 0
+
+    monkeypatch.setattr(launch, "flwr_run", fake_flwr_run)
+    time.sleep(0.1)
+    assert launch.main(["--run-config", "num-server-rounds=1"]) == 0
+    out = capsys.readouterr().out
+    assert "no such port" in out and "starts Ray itself instead" in out
+    assert "RAY_ADDRESS" not in seen["env"] and seen["watch"] is None
+
+
+def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys):
+    import threading
+
+    from feddb.launch import superlink_pids, watchdog
+
+    port = 45678
+    link = subprocess.Popen([_fake(tmp_path, "flower-superlink", "import time; time.sleep(120)"),
+                             "--port", str(port)])
+    for _ in range(50):
+        if superlink_pids(port):
+            break
+        time.sleep(0.1)
+    assert superlink_pids(port) == [link.pid]
+    state = iter([None, None, "the Ray head started for this run exited (code 1)"])
+    watchdog(lambda: next(state), threading.Event(), port)
+    assert link.wait(timeout=30) != 0                         # stopped by the watchdog
+    err = capsys.readouterr().err
+    assert "exited (code 1)" in err and "--flower-ray" in err
