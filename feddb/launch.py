@@ -143,11 +143,13 @@ def progress_bar(line: str, width: int = 24) -> str | None:
             f"{100 * float(m.group(3)):.1f} %{val}  eta {m.group(5)}")
 
 
-def follow_log(run_id: int, env: dict, verbose: bool) -> None:
+def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
     """Stream the run's log: everything with --verbose; otherwise the project's own lines (and
-    errors), the rounds as one progress bar on a terminal and as lines elsewhere."""
+    errors), the rounds as one progress bar on a terminal and as lines elsewhere. The `flwr log`
+    process goes into `procs`, to be stopped before the SuperLink (else it starts a new one)."""
     proc = subprocess.Popen([flwr_exe(), "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs.append(proc)
     tty, bar_open = sys.stdout.isatty(), False
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -190,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="let Flower's simulation start Ray itself, as plain `flwr run` does, "
                          "instead of a Ray head started at once beside the SuperLink (slower)")
     args = ap.parse_args(argv)
+    # SIGTERM (a sweep or a job system stopping this run) unwinds like Ctrl-C: the SuperLink and
+    # the Ray head started here are stopped on the way out, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     # Ray starts now, in the background, while the rest starts (feddb.resources.ray_head)
     with ray_head(not (args.ray_address or args.flower_ray)) as head:
         return launch(args, head)
@@ -263,7 +268,7 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
     stage = tempfile.TemporaryDirectory(prefix="feddb-app-")
-    done = threading.Event()
+    done, followers = threading.Event(), []
     cmd = ["run", str(lean_app(app, Path(stage.name))), "--format", "json",
            "--federation-config", fed_text]
     if run_config:
@@ -278,9 +283,10 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
                   file=sys.stderr)
             return 1
         if watch is not None:
-            threading.Thread(target=watchdog, args=(watch, done, http_port), daemon=True).start()
+            threading.Thread(target=watchdog, args=(watch, done, http_port, followers),
+                             daemon=True).start()
         if show:
-            follow_log(run_id, env, verbose)
+            follow_log(run_id, env, verbose, followers)
         status = wait_for(run_id, env, follow=not show)
         if status.get("status") != "finished:completed":
             print(f"error: run {run_id} ended as {status.get('status')}: "
@@ -292,17 +298,32 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     finally:
         done.set()
         stage.cleanup()
-        stop(superlink_pids(http_port))
+        stop_run(http_port, followers)
 
 
-def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int) -> None:
-    """Stop the run's SuperLink (so the run ends) as soon as `watch` reports a failure."""
+def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
+    """Stop the log followers first (a `flwr log` whose SuperLink is gone starts a new one),
+    then the SuperLink, its SuperExec and the simulation process."""
+    for p in followers:
+        if p.poll() is None:
+            p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    stop(superlink_pids(http_port))
+
+
+def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int,
+             followers: list[subprocess.Popen]) -> None:
+    """Stop the run (so that it ends) as soon as `watch` reports a failure."""
     while not done.wait(0.5):
         failure = watch()
         if failure:
             print(f"error: {failure}\nerror: the run cannot go on without it; run again with "
                   "--flower-ray to let Flower start Ray itself", file=sys.stderr, flush=True)
-            stop(superlink_pids(http_port))
+            stop_run(http_port, followers)
             return
 
 

@@ -79,6 +79,45 @@ def test_failed_run_exits_nonzero_with_the_reason(tmp_path):
     assert not flower_pids(tmp_path / "flwr-home")
 
 
+def _ray_head_of(launcher_pid: int) -> int | None:
+    """The pid (= process group) of the `ray start --head` the launcher started, if any."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher_pid and b"start" in cmd and any(c.endswith(b"/ray") for c in cmd):
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
+    """SIGTERM (a sweep or a job system stopping a run) unwinds the launcher: what it started goes."""
+    import signal
+    import time
+
+    from feddb.resources import group_alive
+
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
+    proc = subprocess.Popen([sys.executable, "-m", "feddb.launch", "--run-config",
+                             f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' "
+                             f"overrides='{TINY}'"], cwd=PROJECT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    head = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (head and flower_pids(tmp_path / "flwr-home")
+                                               and (tmp_path / "run" / "config.yaml").exists()):
+        head = head or _ray_head_of(proc.pid)
+        time.sleep(0.2)
+    assert head and flower_pids(tmp_path / "flwr-home"), "the run did not start"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not flower_pids(tmp_path / "flwr-home")
+    assert not group_alive(head)
+
+
 @pytest.mark.parametrize("run_config,message", [
     ("method='fedbogus'", "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl"),
     ("dataset='imagenet'", "unknown dataset 'imagenet'"),

@@ -138,7 +138,7 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
         time.sleep(0.1)
     assert superlink_pids(port) == [link.pid]
     state = iter([None, None, "the Ray head started for this run exited (code 1)"])
-    watchdog(lambda: next(state), threading.Event(), port)
+    watchdog(lambda: next(state), threading.Event(), port, [])
     assert link.wait(timeout=30) != 0                         # stopped by the watchdog
     err = capsys.readouterr().err
     assert "exited (code 1)" in err and "--flower-ray" in err
