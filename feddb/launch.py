@@ -315,6 +315,14 @@ def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
     stop(superlink_pids(http_port))
 
 
+def flwr_run_with_ray_head(app: Path, fed: dict, run_config: str = "",
+                           env_extra: dict | None = None, **kwargs) -> int:
+    """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks)."""
+    with ray_head(True) as head:
+        env = dict(env_extra or {}, **({"RAY_ADDRESS": head.address} if head else {}))
+        return flwr_run(app, fed, run_config, env, watch=head.failure if head else None, **kwargs)
+
+
 def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int,
              followers: list[subprocess.Popen]) -> None:
     """Stop the run (so that it ends) as soon as `watch` reports a failure."""

@@ -4,7 +4,7 @@
     .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
-each, the CNN's arrays):
+each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
 - the project with a null trainer (`train.local_epochs=0`): each client parses the configuration,
   loads the received state into its cached model, takes its cached data, makes the one
   pseudo-labelling pass that gives APP-U, and replies; the server configures, aggregates with DMA,
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import PROJECT, flwr_run
+from .launch import PROJECT, flwr_run_with_ray_head
 
 sys.path.insert(0, str(PROJECT))
 
@@ -124,7 +124,8 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]]) -> list[float]:
     out = tmp / "floor.json"
     rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'")
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
-    if flwr_run(app, fed, rc, {"FLWR_HOME": str(tmp / "flwr-home-floor")}, show=False) != 0:
+    env = {"FLWR_HOME": str(tmp / "flwr-home-floor")}
+    if flwr_run_with_ray_head(app, fed, rc, env, show=False) != 0:
         raise RuntimeError("the floor app's run failed")
     return json.loads(out.read_text())
 
@@ -142,7 +143,7 @@ def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
     if profile is not None:
         env["FEDDB_PROFILE"] = str(profile)
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
-    if flwr_run(PROJECT, fed, rc, env, show=False) != 0:
+    if flwr_run_with_ray_head(PROJECT, fed, rc, env, show=False) != 0:
         raise RuntimeError("the project's null-trainer run failed")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
