@@ -67,17 +67,33 @@ def plan() -> list[dict]:
     return runs
 
 
-def pct(v: float) -> str:
-    return f"{100 * v:.2f}"
+def pct(v: float | None) -> str:
+    return "not run" if v is None else f"{100 * v:.2f}"
 
 
-def final(run_dir: Path) -> float:
-    return json.loads((run_dir / "summary.json").read_text())["final_test_accuracy"]
+def final(run_dir: Path) -> float | None:
+    """The run's final test accuracy; None while it is not complete."""
+    f = run_dir / "summary.json"
+    return json.loads(f.read_text())["final_test_accuracy"] if f.is_file() else None
+
+
+def paired(out: Path, a: str, b: str) -> list[tuple[int, float, float]]:
+    """(seed, a, b) for the honest seeds where both runs are complete."""
+    rows = [(s, final(out / a.format(s=s)), final(out / b.format(s=s))) for s in HONEST_SEEDS]
+    return [(s, x, y) for s, x, y in rows if x is not None and y is not None]
+
+
+def mean_interval(d: list[float]) -> str:
+    from .report import interval95
+
+    if not d:
+        return "not run"
+    mean, lo, hi = interval95(d)
+    return f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] ({len(d)} seeds)"
 
 
 def table(out: Path, federation: str = "five") -> str:
-    from .report import interval95
-
+    """The benchmark's tables; runs not complete yet show as `not run`."""
     lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
              "attacked, defaults | defaults − clean |", "|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
@@ -85,40 +101,34 @@ def table(out: Path, federation: str = "five") -> str:
         clean = final(out / f"clean/{tag}/s0")
         hit = (final(out / f"{attack}/undefended") if attack != "nan" else None)
         held = final(out / f"{attack}/defaults")
+        gap = (f"{100 * (held - clean):+.2f}" if held is not None and clean is not None
+               else "not run")
         lines.append(f"| {attack} | {tag} | {pct(clean)} | "
-                     f"{pct(hit) if hit is not None else 'rejected (same as defaults)'} | "
-                     f"{pct(held)} | {100 * (held - clean):+.2f} |")
-    d = [100 * (final(out / f"clean/feddb/s{s}") - final(out / f"clean-undefended/feddb/s{s}"))
-         for s in HONEST_SEEDS]
-    mean, lo, hi = interval95(d)
+                     f"{pct(hit) if attack != 'nan' else 'rejected (same as defaults)'} | "
+                     f"{pct(held)} | {gap} |")
+    rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
     lines += ["", "Honest runs, FedDB, no attack, final test accuracy (%): defaults vs no defence",
               "", "| seed | defaults | no defence | difference |", "|---|---|---|---|"]
-    for s, diff in zip(HONEST_SEEDS, d):
-        lines.append(f"| {s} | {pct(final(out / f'clean/feddb/s{s}'))} | "
-                     f"{pct(final(out / f'clean-undefended/feddb/s{s}'))} | {diff:+.2f} |")
-    lines.append(f"| mean, 95 % interval | | | {mean:+.2f} [{lo:+.2f}, {hi:+.2f}] |")
-    lines += ["", loss_check_table(out), "",
-              honest_weights([out / f"clean-undefended/feddb/s{s}" for s in HONEST_SEEDS])]
+    lines += [f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows]
+    lines.append(f"| mean, 95 % interval | | | "
+                 f"{mean_interval([100 * (x - y) for _, x, y in rows])} |")
+    done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
+    lines += ["", loss_check_table(out), "", honest_weights(done) if done else ""]
     return "\n".join(lines)
 
 
 def loss_check_table(out: Path) -> str:
     """The opt-in loss check against the sign flip, against the level of node 0 being absent (the
     NaN run: its reply dropped every round), and what it costs honest runs."""
-    from .report import interval95
-
-    d = [100 * (final(out / f"clean-loss-check/feddb/s{s}") - final(out / f"clean/feddb/s{s}"))
-         for s in HONEST_SEEDS]
-    mean, lo, hi = interval95(d)
+    rows = paired(out, "clean-loss-check/feddb/s{s}", "clean/feddb/s{s}")
     return "\n".join([
         f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
         f"{pct(final(out / 'clean/feddb/s0'))}).", "",
         "Honest runs, FedDB, no attack: the loss check vs the defaults", "",
         "| seed | with the loss check | defaults | difference |", "|---|---|---|---|",
-        *[f"| {s} | {pct(final(out / f'clean-loss-check/feddb/s{s}'))} | "
-          f"{pct(final(out / f'clean/feddb/s{s}'))} | {x:+.2f} |" for s, x in zip(HONEST_SEEDS, d)],
-        f"| mean, 95 % interval | | | {mean:+.2f} [{lo:+.2f}, {hi:+.2f}] |"])
+        *[f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows],
+        f"| mean, 95 % interval | | | {mean_interval([100 * (x - y) for _, x, y in rows])} |"])
 
 
 def honest_weights(run_dirs: list[Path]) -> str:
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="five: 5 clients, all every round (the benchmark); default: the quick "
                          "preset's 20 clients, 10 a round; forced: 20 clients, 5 a round, node 0 "
                          "in every round (fl.always_sample=[0]); use another --out for each")
+    ap.add_argument("--table", action="store_true",
+                    help="run nothing: write the table of the runs complete so far (the others "
+                         "show as `not run`) to <out>/attacks.md")
     args = ap.parse_args(argv)
     try:
         k, n = (int(x) for x in args.part.split("/"))
@@ -165,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[ENV] = "1"                 # this process's simulated node 0 may attack
     out = Path(args.out).resolve()
     runs = plan()
-    for i, r in enumerate(runs, 1):
+    for i, r in enumerate(runs if not args.table else [], 1):
         run_dir = out / r["dir"]
         if (i - 1) % n != k or complete(run_dir):
             continue
@@ -174,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                               + SETTINGS[args.federation].format(extra=r["extra"]))
         run_in_process(rc, node_config={0: {"attack": r["attack"]}} if r["attack"] else None)
     missing = [r["dir"] for r in runs if not complete(out / r["dir"])]
-    if missing:
+    if missing and not args.table:
         print(f"[attacks] part {k}/{n} done; {len(missing)} runs of other parts still to finish "
-              f"(first: {missing[0]}); run again without --part for the table")
+              f"(first: {missing[0]}); run again without --part for the table, or with "
+              "--table for what is complete")
         return 0
     text = table(out, args.federation)
     (out / "attacks.md").write_text(text + "\n")

@@ -211,6 +211,13 @@ def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
     text = table(tmp_path)
     assert "Sign flip with `server.robust.loss_check=0.02`: 87.10 (node 0 absent" in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
+    # runs not complete yet show as such; the seeds complete so far are paired
+    for gone in ("sign_flip/defaults", "clean-loss-check/feddb/s2", "clean-undefended/feddb/s1"):
+        (tmp_path / gone / "summary.json").unlink()
+    text = table(tmp_path)
+    assert "| sign_flip | feddb | 94.00 | 94.00 | not run | not run |" in text
+    assert "| 1 | " not in text.split("Sign flip with")[0]             # seed 1 not paired
+    assert "+0.00 [nan, nan] (1 seeds)" not in text and "(2 seeds)" in text
 
 
 def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkeypatch, capsys):
@@ -238,6 +245,8 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     first = list(started)
     assert first == [r["dir"] for r in plan()[0::2]]
     assert not (tmp_path / "attacks.md").exists()
+    assert main(["--out", str(tmp_path), "--table"]) == 0 and started == first   # runs nothing
+    assert "not run" in (tmp_path / "attacks.md").read_text()
     assert main(["--out", str(tmp_path), "--part", "1/2"]) == 0
     assert sorted(started) == sorted(r["dir"] for r in plan())
     assert "Sign flip with" in (tmp_path / "attacks.md").read_text()
