@@ -152,6 +152,7 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
     with open(temp / "ray-start.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)      # its own group: stopped as a whole
+    lower_session_priority(proc.pid, WORKER_NICE)
     try:
         yield RayHead(proc, f"127.0.0.1:{port}", temp)
     finally:
@@ -164,6 +165,22 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
                 time.sleep(0.1)
         proc.poll()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+WORKER_NICE = 15      # the niceness Ray gives its workers
+
+
+def lower_session_priority(pid: int, nice: int) -> bool:
+    """Lower the CPU share of the session `pid` leads, where Linux groups a session's processes
+    for scheduling (autogroup): a Ray head in its own session would otherwise get as much CPU as
+    Flower's whole session, the ServerApp's included, whatever the niceness of Ray's workers
+    (measured: the central evaluation took 1.8 s a round instead of 0.5 s). Best effort: False
+    where the kernel has no autogroup."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+        return True
+    except OSError:
+        return False
 
 
 def group_alive(pgid: int) -> bool:

@@ -1,6 +1,6 @@
 """From `make run` to the first round: `feddb startup`.
 
-    .venv/bin/feddb startup --repeat 5        # about 40 s a run here
+    .venv/bin/feddb startup --repeat 5        # about 20 s a run here
 
 Runs the launcher as `make run` does (the default FedDB run, stopped after its first round) N times,
 each with its own ports, so that every run starts its own SuperLink, and prints each start-up

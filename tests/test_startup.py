@@ -142,3 +142,24 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
     assert link.wait(timeout=30) != 0                         # stopped by the watchdog
     err = capsys.readouterr().err
     assert "exited (code 1)" in err and "--flower-ray" in err
+
+
+def test_the_ray_head_session_gets_a_lower_cpu_share(tmp_path):
+    """Linux schedules a session's processes as one group (autogroup): the head's session is
+    given Ray's worker niceness, so that it cannot take half the CPU from the ServerApp."""
+    from pathlib import Path
+
+    from feddb.resources import lower_session_priority
+
+    if not Path("/proc/self/autogroup").exists():
+        assert not lower_session_priority(os.getpid() + 10 ** 7, 15)
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                            start_new_session=True)
+    try:
+        assert lower_session_priority(proc.pid, 15)
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "15"
+        assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"    # ours untouched
+    finally:
+        proc.kill()
+        proc.wait()
