@@ -185,12 +185,11 @@ def lower_session_priority(pid: int, nice: int) -> bool:
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of the process group is still alive (zombies count as gone)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":        # pgrp, state
+    from fssl.profiling import stat_fields
+
+    for proc in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(proc.name)
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
 

@@ -31,11 +31,23 @@ def profiled(side: str) -> Callable:
     return decorate
 
 
-def process_start(pid: int | str = "self") -> float | None:
-    """Unix time at which a process started (Linux /proc; None elsewhere or if it is gone)."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: [0] state, [1] ppid, [2] pgrp, [19] starttime
+    (None if the process is gone or there is no /proc)."""
     try:
         stat = open(f"/proc/{pid}/stat").read()
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])        # field 22: starttime
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def process_start(pid: int | str = "self") -> float | None:
+    """Unix time at which a process started (Linux /proc; None elsewhere or if it is gone)."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        ticks = int(fields[19])
         uptime = float(open("/proc/uptime").read().split()[0])    # /proc/stat's btime is whole s
         return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
@@ -48,12 +60,14 @@ def ancestor_start(name: str) -> float | None:
     while pid > 1:
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            stat = open(f"/proc/{pid}/stat").read()
         except OSError:
             return None
         if name in cmd:
             return process_start(pid)
-        pid = int(stat[stat.rindex(")") + 2:].split()[1])               # field 4: ppid
+        fields = stat_fields(pid)
+        if fields is None:
+            return None
+        pid = int(fields[1])
     return None
 
 
