@@ -154,12 +154,15 @@ def test_the_ray_head_session_gets_a_lower_cpu_share(tmp_path):
     if not Path("/proc/self/autogroup").exists():
         assert not lower_session_priority(os.getpid() + 10 ** 7, 15)
         return
+    # A process in the kernel's default group (never in a session of its own, as under some CI
+    # daemons) reads an empty file: compare ours before and after rather than expect a format.
+    ours = Path("/proc/self/autogroup").read_text()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                             start_new_session=True)
     try:
         assert lower_session_priority(proc.pid, 15)
         assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "15"
-        assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"    # ours untouched
+        assert Path("/proc/self/autogroup").read_text() == ours                # ours untouched
     finally:
         proc.kill()
         proc.wait()
