@@ -19,7 +19,7 @@ run: env
 	$(BIN)/python -m feddb.launch --run-config "$(RUN_CONFIG)" $(ARGS)
 
 test: env
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
 
 clean-runs:
 	rm -rf runs .flwr-home

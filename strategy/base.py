@@ -388,7 +388,7 @@ class WeightedAverage(FedAvg):
         keep = list(range(len(client_arrays)))
         if rb["min_cosine"] is not None and len(client_arrays) > 2:
             cos = robust.median_agreement(self.global_arrays, client_arrays)
-            keep = [i for i in keep if cos[i] >= rb["min_cosine"]] or keep
+            keep = robust.agreeing(cos, rb["min_cosine"])
             diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
                                                        if i not in keep])
         if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:

@@ -3,8 +3,10 @@
 - Norm bound (`server.robust.clip` = c): each client's update D_m = w_m - w is scaled down to at most
   c x the round's median update norm, so a reply of w + 1000 D moves the model no further than an
   honest one could.
-- Agreement filter (`server.robust.min_cosine`): drop the updates whose cosine with the round's
-  coordinate-wise median update is below the threshold (a sign-flipped update points against it).
+- Agreement filter (`server.robust.min_cosine`): drop the updates whose cosine with the
+  coordinate-wise median of the other clients' updates is below the threshold (a sign-flipped
+  update points against it). If fewer than half would stay, the half that agrees most stays (an
+  honest majority is what every rule here assumes).
 - Loss check (`server.robust.loss_check` = r): the loss-based rejection (LFR) of Fang et al. 2020,
   "Local model poisoning attacks to Byzantine-robust federated learning", with a threshold in
   place of a fixed count: drop an update when the weighted average without it has a validation
@@ -63,15 +65,39 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
 
 
+def leave_one_out_medians(flat: np.ndarray) -> np.ndarray:
+    """Row m: the coordinate-wise median of all rows but m (n >= 3), from one sort. Leaving out a
+    value below, at or above the middle of the sorted values picks which neighbours of the middle
+    remain (ties give the same value whichever is picked)."""
+    n, h = flat.shape[0], flat.shape[0] // 2
+    s = np.sort(flat, axis=0)
+    if n % 2 == 0:                                   # n - 1 left, odd: one middle value
+        return np.where(flat >= s[h], s[h - 1], s[h])
+    above, below, both = 0.5 * (s[h] + s[h + 1]), 0.5 * (s[h - 1] + s[h]), 0.5 * (s[h - 1] + s[h + 1])
+    return np.where(flat < s[h], above, np.where(flat > s[h], below, both))
+
+
 def median_agreement(global_arrays: dict[str, np.ndarray],
                      client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
-    """Cosine similarity of each client's update with the coordinate-wise median update."""
+    """Cosine similarity of each client's update with the coordinate-wise median of the OTHER
+    clients' updates. Leaving the client out matters: a sign-flipped update pulls the median of
+    all five towards itself (measured: its cosine with that median was positive in half of the
+    rounds, while with the others' median it points against them)."""
     keys = float_keys(global_arrays)
-    flat = np.stack([np.concatenate([(a[k].astype(np.float64) - global_arrays[k]).ravel()
+    flat = np.stack([np.concatenate([(a[k] - global_arrays[k]).ravel().astype(np.float32)
                                      for k in keys]) for a in client_arrays])
-    ref = np.median(flat, axis=0)
-    norms = np.linalg.norm(flat, axis=1) * np.linalg.norm(ref)
-    return np.where(norms > 0, flat @ ref / np.maximum(norms, 1e-300), 0.0)
+    ref = leave_one_out_medians(flat)                # float32: a threshold's input, half the sort
+    dots = np.einsum("ij,ij->i", flat, ref, dtype=np.float64)
+    norms = (np.linalg.norm(flat.astype(np.float64), axis=1)
+             * np.linalg.norm(ref.astype(np.float64), axis=1))
+    return np.where(norms > 0, dots / np.maximum(norms, 1e-300), 0.0)
+
+
+def agreeing(cos: np.ndarray, threshold: float) -> list[int]:
+    """The clients whose cosine reaches the threshold; at least the most agreeing half."""
+    keep = [i for i in range(len(cos)) if cos[i] >= threshold]
+    half = (len(cos) + 1) // 2
+    return keep if len(keep) >= half else sorted(np.argsort(-cos, kind="stable")[:half].tolist())
 
 
 def renormalise(kept: np.ndarray, total: float) -> np.ndarray:

@@ -157,6 +157,26 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
     assert (cos[:4] > 0).all() and cos[4] < 0
 
 
+def test_the_agreement_filter_keeps_at_least_the_most_agreeing_half():
+    from strategy.robust import agreeing
+
+    assert agreeing(np.array([-0.4, 0.2, 0.1, -0.05, 0.3]), 0.0) == [1, 2, 4]
+    # every cosine below the threshold (measured: non-IID rounds where even honest updates point
+    # away from the others' median): the attacker at -0.31 still goes, not everyone stays
+    assert agreeing(np.array([-0.31, -0.06, -0.12, -0.02, -0.09]), 0.0) == [1, 3, 4]
+    assert agreeing(np.array([0.5, 0.4, 0.3, 0.2]), 0.35) == [0, 1]
+
+
+def test_the_leave_one_out_medians_are_the_medians_of_the_others():
+    from strategy.robust import leave_one_out_medians
+
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 5, 6, 7, 10):
+        for x in (rng.normal(size=(n, 300)), rng.integers(0, 3, size=(n, 300)).astype(float)):
+            expected = np.stack([np.median(np.delete(x, m, axis=0), axis=0) for m in range(n)])
+            assert np.array_equal(leave_one_out_medians(x), expected), n
+
+
 def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
     """LFR with a threshold: the average without a sign-flipped update is closer to the optimum,
     so it goes; honest updates, each a noisy step towards the optimum, stay."""
