@@ -316,9 +316,11 @@ def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
 
 
 def flwr_run_with_ray_head(app: Path, fed: dict, run_config: str = "",
-                           env_extra: dict | None = None, **kwargs) -> int:
-    """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks)."""
-    with ray_head(True) as head:
+                           env_extra: dict | None = None, use_head: bool = True,
+                           **kwargs) -> int:
+    """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks);
+    `use_head=False`: Flower starts Ray itself, as with `feddb run --flower-ray`."""
+    with ray_head(use_head) as head:
         env = dict(env_extra or {}, **({"RAY_ADDRESS": head.address} if head else {}))
         return flwr_run(app, fed, run_config, env, watch=head.failure if head else None, **kwargs)
 

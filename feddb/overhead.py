@@ -115,7 +115,7 @@ def model_shapes() -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
-def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]]) -> list[float]:
+def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) -> list[float]:
     """Seconds per round of the echo pair."""
     app = tmp / "floor"
     app.mkdir()
@@ -125,12 +125,12 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]]) -> list[float]:
     rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'")
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
     env = {"FLWR_HOME": str(tmp / "flwr-home-floor")}
-    if flwr_run_with_ray_head(app, fed, rc, env, show=False) != 0:
+    if flwr_run_with_ray_head(app, fed, rc, env, use_head, show=False) != 0:
         raise RuntimeError("the floor app's run failed")
     return json.loads(out.read_text())
 
 
-def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
+def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
@@ -143,7 +143,7 @@ def project(rounds: int, tmp: Path, profile: Path | None) -> list[dict]:
     if profile is not None:
         env["FEDDB_PROFILE"] = str(profile)
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
-    if flwr_run_with_ray_head(PROJECT, fed, rc, env, show=False) != 0:
+    if flwr_run_with_ray_head(PROJECT, fed, rc, env, use_head, show=False) != 0:
         raise RuntimeError("the project's null-trainer run failed")
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the ServerApp and every ClientApp call; print the top items")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--flower-ray", action="store_true",
+                    help="let Flower start Ray in each run instead of the launcher's Ray head")
     args = ap.parse_args(argv)
     workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -198,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.mkdir()
         t0 = time.perf_counter()
-        records = project(args.rounds, tmp, profile)
+        records = project(args.rounds, tmp, profile, not args.flower_ray)
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
         shapes = model_shapes()
-        floor_seconds = floor(args.rounds, tmp, shapes)
+        floor_seconds = floor(args.rounds, tmp, shapes, not args.flower_ray)
         t_floor = time.perf_counter() - t0
         tops = top_functions(profile) if profile is not None else {}
     p = split(records, workers)

@@ -35,10 +35,11 @@ STEPS = (("superlink_start", "SuperLink process started (by `flwr run`)"),
          ("first_round_done", "round 1 aggregated, evaluated and recorded"))
 
 
-def one_run(out: Path, home: Path, run_config: str) -> dict[str, float]:
+def one_run(out: Path, home: Path, run_config: str,
+            launcher_args: tuple[str, ...] = ()) -> dict[str, float]:
     env = dict(os.environ, FLWR_HOME=str(home))
     rc = f"num-server-rounds=1 output-dir='{out}'" + (f" {run_config}" if run_config else "")
-    res = subprocess.run([sys.executable, "-m", "feddb.launch", "--run-config", rc],
+    res = subprocess.run([sys.executable, "-m", "feddb.launch", "--run-config", rc, *launcher_args],
                          cwd=PROJECT, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"the run failed:\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs (the table gives medians and ranges)")
     ap.add_argument("--run-config", default="", help="extra run-config for every run")
     ap.add_argument("--json", help="also write every run's timeline to this file")
+    ap.add_argument("--flower-ray", action="store_true",
+                    help="runs without the launcher's Ray head (`feddb run --flower-ray`)")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         print("error: --repeat must be at least 1", file=sys.stderr)
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         for i in range(args.repeat):
             try:
-                runs.append(one_run(tmp / f"run{i}", tmp / "flwr-home", args.run_config))
+                runs.append(one_run(tmp / f"run{i}", tmp / "flwr-home", args.run_config,
+                                    ("--flower-ray",) if args.flower_ray else ()))
             except RuntimeError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 1

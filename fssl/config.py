@@ -275,6 +275,10 @@ def validate(cfg: dict[str, Any]) -> None:
              "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
     _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
              "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
+    threads = cfg["eval"].get("threads", "auto")
+    _require(threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool)
+                                   and threads >= 1),
+             "eval.threads", threads, "auto, or an integer >= 1")
 
 
 TRAINER_NAMES = ("supervised", "fixmatch", "semifl", "fedmatch")

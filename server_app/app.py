@@ -104,6 +104,15 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0,
     return node_of
 
 
+def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None:
+    """The ServerApp's CPU threads (`eval.threads`); None: leave torch's default. In Flower's
+    simulation (its in-memory grid) the clients occupy the cores while the server evaluates the
+    previous round: measured on 2 cores, one thread made the whole round 23 % faster."""
+    if setting != "auto":
+        return int(setting)
+    return 1 if device.type == "cpu" and type(grid).__name__ == "InMemoryGrid" else None
+
+
 @app.main()
 @profiled("server")
 def main(grid: Grid, context: Context) -> None:
@@ -119,6 +128,9 @@ def main(grid: Grid, context: Context) -> None:
           f"rounds={cfg['num_rounds']} run_dir={run_dir}", flush=True)
 
     device = resolve_device(cfg["device"])
+    threads = server_threads(cfg["eval"].get("threads", "auto"), grid, device)
+    if threads is not None:
+        torch.set_num_threads(threads)
     ds = dataset_for(cfg)
     cfg["data_meta"] = data_meta(ds)
     part = partition_for(cfg)

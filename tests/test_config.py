@@ -46,6 +46,7 @@ def test_paper_presets(name):
     ({"overrides": "train.tau=0"}, "`train.tau`: 0"),
     ({"overrides": "partition.delta=-0.3"}, "`partition.delta`: -0.3; allowed: a number > 0"),
     ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
+    ({"overrides": "eval.threads=0"}, "`eval.threads`: 0; allowed: auto, or an integer >= 1"),
     ({"num-server-rounds": 0}, "`num_rounds`: 0"),
     ({"overrides": "fl.always_sample=[25]"}, "`fl.always_sample`: [25]; allowed: a list of "
                                              "partition ids in [0, fl.num_clients), e.g. [0]"),
@@ -73,3 +74,18 @@ def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
                        .replace("[", "\\[").replace(".", "\\.").replace("*", "\\*")):
         compose_from_run_config(rc)
+
+
+def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():
+    """Flower's simulation grid: the clients busy every core while the server evaluates."""
+    import torch
+
+    from server_app.app import server_threads
+
+    InMemoryGrid = type("InMemoryGrid", (), {})            # Flower's simulation grid, by name
+    LocalGrid = type("LocalGrid", (), {})                  # the in-process runner: sequential
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert server_threads("auto", InMemoryGrid(), cpu) == 1
+    assert server_threads("auto", LocalGrid(), cpu) is None
+    assert server_threads("auto", InMemoryGrid(), cuda) is None
+    assert server_threads(3, InMemoryGrid(), cpu) == 3

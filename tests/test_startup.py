@@ -46,7 +46,7 @@ def test_timeline_marks_in_order_and_writes_once(tmp_path, monkeypatch):
 def test_startup_table_gives_medians_since_the_launcher_and_the_superlink(monkeypatch, capsys):
     import feddb.startup as st
 
-    def fake(out, home, rc, k=iter(range(10))):
+    def fake(out, home, rc, launcher_args=(), k=iter(range(10))):
         i = next(k)
         return {"launch": 100.0, "superlink_start": 102.0, "process_start": 105.0,
                 "server_main": 108.0, "data_ready": 109.0, "nodes_bound": 112.0 + i,
