@@ -244,7 +244,7 @@ def launch(args: argparse.Namespace, head: RayHead | None) -> int:
             if line:
                 print(f"[launch] {line}", flush=True)
             return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "",
-                            env, args.verbose, watch=head.failure if head else None)
+                            env, args.verbose, watch=head.watch if head else None)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -322,7 +322,7 @@ def flwr_run_with_ray_head(app: Path, fed: dict, run_config: str = "",
     `use_head=False`: Flower starts Ray itself, as with `feddb run --flower-ray`."""
     with ray_head(use_head) as head:
         env = dict(env_extra or {}, **({"RAY_ADDRESS": head.address} if head else {}))
-        return flwr_run(app, fed, run_config, env, watch=head.failure if head else None, **kwargs)
+        return flwr_run(app, fed, run_config, env, watch=head.watch if head else None, **kwargs)
 
 
 def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int,

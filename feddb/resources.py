@@ -112,10 +112,25 @@ def ray_exe() -> str | None:
 
 
 class RayHead:
-    """A Ray head started by `ray_head`: its address, and why it stopped if it has."""
+    """A Ray head started by `ray_head`: its address, and why it stopped if it has.
+
+    Linux schedules a session's processes as one group (autogroup), so the head, in a session of
+    its own, competes with Flower's processes as a peer whatever its processes' niceness. While the
+    run starts, its session yields (START_NICE): Flower's SuperLink, SuperExec and ServerApp start
+    first (measured: round 1 sent 11.1 s after the SuperLink instead of 15.1 s). Once Ray has
+    started a worker, start-up is over and the session gets an equal share again: its raylet relays
+    every reply, and kept at the lower share it added about 0.2 s to every round."""
 
     def __init__(self, proc: subprocess.Popen, address: str, temp: Path) -> None:
         self.proc, self.address, self.temp = proc, address, temp
+        self.yielding = set_session_nice(proc.pid, START_NICE)
+
+    def watch(self) -> str | None:
+        """Polled by the launcher during the run: `failure()`, and the end of the start-up share."""
+        if self.yielding and workers_started(self.proc.pid):
+            set_session_nice(self.proc.pid, 0)
+            self.yielding = False
+        return self.failure()
 
     def failure(self) -> str | None:
         """None while the head runs; else its exit code and the end of its log."""
@@ -152,7 +167,6 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
     with open(temp / "ray-start.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)      # its own group: stopped as a whole
-    lower_session_priority(proc.pid, WORKER_NICE)
     try:
         yield RayHead(proc, f"127.0.0.1:{port}", temp)
     finally:
@@ -167,20 +181,36 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-WORKER_NICE = 15      # the niceness Ray gives its workers
+START_NICE = 15       # the niceness Ray gives its workers; the head's session while the run starts
+RAY_SERVICES = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
 
 
-def lower_session_priority(pid: int, nice: int) -> bool:
-    """Lower the CPU share of the session `pid` leads, where Linux groups a session's processes
-    for scheduling (autogroup): a Ray head in its own session would otherwise get as much CPU as
-    Flower's whole session, the ServerApp's included, whatever the niceness of Ray's workers
-    (measured: the central evaluation took 1.8 s a round instead of 0.5 s). Best effort: False
+def set_session_nice(pid: int, nice: int) -> bool:
+    """The CPU share of the session `pid` leads, as a niceness of its autogroup. Best effort: False
     where the kernel has no autogroup."""
     try:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
         return True
     except OSError:
         return False
+
+
+def workers_started(session: int) -> bool:
+    """Whether a Ray worker (a `ray::` process other than the head's own agents) runs in the
+    session."""
+    from fssl.profiling import stat_fields
+
+    for proc in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(proc.name)
+        if fields is None or int(fields[3]) != session:
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"ray::") and not cmd.startswith(RAY_SERVICES):
+            return True
+    return False
 
 
 def group_alive(pgid: int) -> bool:

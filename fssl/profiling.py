@@ -32,7 +32,8 @@ def profiled(side: str) -> Callable:
 
 
 def stat_fields(pid: int | str) -> list[str] | None:
-    """/proc/<pid>/stat after the command name: [0] state, [1] ppid, [2] pgrp, [19] starttime
+    """/proc/<pid>/stat after the command name: [0] state, [1] ppid, [2] pgrp, [3] session,
+    [19] starttime
     (None if the process is gone or there is no /proc)."""
     try:
         stat = open(f"/proc/{pid}/stat").read()

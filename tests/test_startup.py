@@ -144,25 +144,34 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
     assert "exited (code 1)" in err and "--flower-ray" in err
 
 
-def test_the_ray_head_session_gets_a_lower_cpu_share(tmp_path):
-    """Linux schedules a session's processes as one group (autogroup): the head's session is
-    given Ray's worker niceness, so that it cannot take half the CPU from the ServerApp."""
+
+def _session(argv0: str) -> subprocess.Popen:
+    """A process leading a session of its own, named argv0 (as Ray names its workers)."""
+    return subprocess.Popen(["bash", "-c", f"exec -a '{argv0}' sleep 30"], start_new_session=True)
+
+
+def test_the_ray_head_yields_the_cpu_until_its_first_worker_starts(tmp_path):
+    """Autogroup: the head's session gets Ray's worker niceness while the run starts, and an equal
+    share once a `ray::` worker runs in it (its raylet relays every reply)."""
     from pathlib import Path
 
-    from feddb.resources import lower_session_priority
+    from feddb.resources import RayHead, workers_started
 
-    if not Path("/proc/self/autogroup").exists():
-        assert not lower_session_priority(os.getpid() + 10 ** 7, 15)
-        return
-    # A process in the kernel's default group (never in a session of its own, as under some CI
-    # daemons) reads an empty file: compare ours before and after rather than expect a format.
-    ours = Path("/proc/self/autogroup").read_text()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                            start_new_session=True)
+    starting, running = _session("raylet"), _session("ray::ClientAppActor.run")
     try:
-        assert lower_session_priority(proc.pid, 15)
-        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "15"
+        ours = Path("/proc/self/autogroup").read_text() if Path("/proc/self/autogroup").exists() else None
+        heads = [RayHead(p, "127.0.0.1:1", tmp_path) for p in (starting, running)]
+        if ours is None:                                     # no autogroup: nothing to change
+            assert not heads[0].yielding and heads[0].watch() is None
+            return
+        nice = lambda p: Path(f"/proc/{p.pid}/autogroup").read_text().split()[-1]  # noqa: E731
+        assert all(h.yielding for h in heads) and nice(starting) == nice(running) == "15"
+        assert not workers_started(starting.pid) and workers_started(running.pid)
+        assert [h.watch() for h in heads] == [None, None]    # both alive: no failure
+        assert heads[0].yielding and nice(starting) == "15"   # no worker yet: still yielding
+        assert not heads[1].yielding and nice(running) == "0"
         assert Path("/proc/self/autogroup").read_text() == ours                # ours untouched
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (starting, running):
+            p.kill()
+            p.wait()
