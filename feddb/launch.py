@@ -369,13 +369,21 @@ def gpus_per_client(value: str, cfg: dict) -> float:
     return share
 
 
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    from fssl.profiling import stat_fields
+
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def stop(pids: list[int], grace: float = 15.0) -> None:
     """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if Path(f"/proc/{p}").exists()]
+        pids = [p for p in pids if alive(p)]
         time.sleep(0.2)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
