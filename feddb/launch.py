@@ -74,18 +74,15 @@ FLOWER_PROCESSES = (b"flower-superlink", b"flower-superexec", b"flwr-simulation"
 def superlink_pids(port: int) -> list[int]:
     """Pids of the flower-superlink serving `port`, and of its SuperExec and simulation
     processes (they name it as their runtime API address), found through /proc."""
+    from fssl.profiling import cmdline, live_processes
+
     pids = []
     mine = (str(port).encode(), f":{port}".encode())
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid, _ in live_processes():
+        cmd = cmdline(pid)
         if (any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES)
                 and any(c == mine[0] or c.endswith(mine[1]) for c in cmd)):
-            pids.append(int(proc.name))
+            pids.append(pid)
     return pids
 
 
@@ -369,16 +366,10 @@ def gpus_per_client(value: str, cfg: dict) -> float:
     return share
 
 
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie, exited but not yet reaped by its parent, does not)."""
-    from fssl.profiling import stat_fields
-
-    fields = stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
-
-
 def stop(pids: list[int], grace: float = 15.0) -> None:
     """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    from fssl.profiling import alive
+
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace

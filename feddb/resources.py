@@ -198,30 +198,21 @@ def set_session_nice(pid: int, nice: int) -> bool:
 def workers_started(session: int) -> bool:
     """Whether a Ray worker (a `ray::` process other than the head's own agents) runs in the
     session."""
-    from fssl.profiling import stat_fields
+    from fssl.profiling import cmdline, live_processes
 
-    for proc in Path("/proc").glob("[0-9]*"):
-        fields = stat_fields(proc.name)
-        if fields is None or int(fields[3]) != session:
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"ray::") and not cmd.startswith(RAY_SERVICES):
-            return True
+    for pid, fields in live_processes():
+        if int(fields[3]) == session:
+            name = (cmdline(pid) or [b""])[0]
+            if name.startswith(b"ray::") and not name.startswith(RAY_SERVICES):
+                return True
     return False
 
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of the process group is still alive (zombies count as gone)."""
-    from fssl.profiling import stat_fields
+    from fssl.profiling import live_processes
 
-    for proc in Path("/proc").glob("[0-9]*"):
-        fields = stat_fields(proc.name)
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return any(int(fields[2]) == pgid for _, fields in live_processes())
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 _PROFILES: dict[str, cProfile.Profile] = {}
 
@@ -40,6 +41,28 @@ def stat_fields(pid: int | str) -> list[str] | None:
     except OSError:
         return None
     return stat[stat.rindex(")") + 2:].split()
+
+
+def alive(pid: int | str) -> bool:
+    """Whether the process runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, `stat_fields`) of every process that runs (zombies left out)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(proc.name)
+        if fields is not None and fields[0] != "Z":
+            yield int(proc.name), fields
+
+
+def cmdline(pid: int) -> list[bytes]:
+    """The process's arguments (empty if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def process_start(pid: int | str = "self") -> float | None:

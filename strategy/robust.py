@@ -88,8 +88,8 @@ def median_agreement(global_arrays: dict[str, np.ndarray],
                                      for k in keys]) for a in client_arrays])
     ref = leave_one_out_medians(flat)                # float32: a threshold's input, half the sort
     dots = np.einsum("ij,ij->i", flat, ref, dtype=np.float64)
-    norms = (np.linalg.norm(flat.astype(np.float64), axis=1)
-             * np.linalg.norm(ref.astype(np.float64), axis=1))
+    norms = np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64)
+                    * np.einsum("ij,ij->i", ref, ref, dtype=np.float64))
     return np.where(norms > 0, dots / np.maximum(norms, 1e-300), 0.0)
 
 
