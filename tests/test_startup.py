@@ -175,3 +175,18 @@ def test_the_ray_head_yields_the_cpu_until_its_first_worker_starts(tmp_path):
         for p in (starting, running):
             p.kill()
             p.wait()
+
+
+def test_a_zombie_is_not_alive_and_the_proc_walk_leaves_it_out():
+    """A child that exited but is not yet reaped: stop() must not wait its grace for it."""
+    from fssl.profiling import alive, live_processes
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    for _ in range(100):                                   # exited, not reaped: a zombie
+        if not alive(child.pid):
+            break
+        time.sleep(0.05)
+    assert not alive(child.pid)
+    assert child.pid not in {pid for pid, _ in live_processes()}
+    assert alive(os.getpid()) and os.getpid() in {pid for pid, _ in live_processes()}
+    child.wait()
