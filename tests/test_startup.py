@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from fssl.profiling import Timeline, ancestor_start, process_start
 
@@ -146,8 +147,14 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
 
 
 def _session(argv0: str) -> subprocess.Popen:
-    """A process leading a session of its own, named argv0 (as Ray names its workers)."""
-    return subprocess.Popen(["bash", "-c", f"exec -a '{argv0}' sleep 30"], start_new_session=True)
+    """A process leading a session of its own, named argv0 (as Ray names its workers), returned
+    once bash has exec'd it under that name."""
+    proc = subprocess.Popen(["bash", "-c", f"exec -a '{argv0}' sleep 30"], start_new_session=True)
+    for _ in range(200):
+        if Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(argv0.encode()):
+            break
+        time.sleep(0.01)
+    return proc
 
 
 def test_the_ray_head_yields_the_cpu_until_its_first_worker_starts(tmp_path):
