@@ -34,36 +34,42 @@ SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_
                       "checkpoint.every=0{extra}'"}
 HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
           "forced": "node 0 of 20, in every round of 5"}
-UNDEFENDED = " dma.cap=null server.sizes=reported server.robust.clip=null"
+UNDEFENDED = (" dma.cap=null server.sizes=reported server.robust.clip=null"
+              " server.robust.min_cosine=null")
+NO_FILTER = " server.robust.min_cosine=null"     # the defaults without the agreement filter
 SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
           "scaled_update": ("feddb", ""), "sign_flip": ("feddb", ""), "nan": ("feddb", "")}
 HONEST_SEEDS = (0, 1, 2)
-LOSS_CHECK = " server.robust.loss_check=0.02"     # the opt-in defence against a sign flip
+OTHER_METHODS = ("fedavg", "fixmatch", "semifl", "fedmatch", "fedrgd")   # honest, seed 0
+LOSS_CHECK = NO_FILTER + " server.robust.loss_check=0.02"   # the other opt-in defence
 
 
 def plan() -> list[dict]:
     """Every run: (dir, method, overrides, attack, seed)."""
+    def run(d, method, extra, attack=None, seed=0):
+        return {"dir": d, "method": method, "extra": extra, "attack": attack, "seed": seed}
+
     runs = []
     for method, extra in sorted(set(VICTIM.values())):
         tag = method + ("-samples" if extra else "")
         for seed in HONEST_SEEDS if method == "feddb" else (0,):
-            runs.append({"dir": f"clean/{tag}/s{seed}", "method": method, "extra": extra,
-                         "attack": None, "seed": seed})
+            runs.append(run(f"clean/{tag}/s{seed}", method, extra, seed=seed))
             if method == "feddb":
-                runs.append({"dir": f"clean-undefended/{tag}/s{seed}", "method": method,
-                             "extra": extra + UNDEFENDED, "attack": None, "seed": seed})
+                runs += [run(f"clean-undefended/{tag}/s{seed}", method, extra + UNDEFENDED,
+                             seed=seed),
+                         run(f"clean-nofilter/{tag}/s{seed}", method, extra + NO_FILTER,
+                             seed=seed)]
     for attack, (method, extra) in VICTIM.items():
-        for defended in (False, True):
-            if attack == "nan" and not defended:
-                continue                  # rejected by the reply check either way
-            runs.append({"dir": f"{attack}/{'defaults' if defended else 'undefended'}",
-                         "method": method, "extra": extra + ("" if defended else UNDEFENDED),
-                         "attack": attack, "seed": 0})
-    runs.append({"dir": "sign_flip/loss-check", "method": "feddb", "extra": LOSS_CHECK,
-                 "attack": "sign_flip", "seed": 0})
-    runs += [{"dir": f"clean-loss-check/feddb/s{seed}", "method": "feddb", "extra": LOSS_CHECK,
-              "attack": None, "seed": seed} for seed in HONEST_SEEDS]
+        for kind, more in (("undefended", UNDEFENDED), ("nofilter", NO_FILTER), ("defaults", "")):
+            if not (attack == "nan" and kind == "undefended"):   # rejected by the reply check
+                runs.append(run(f"{attack}/{kind}", method, extra + more, attack))
+    runs.append(run("sign_flip/loss-check", "feddb", LOSS_CHECK, "sign_flip"))
+    runs += [run(f"clean-loss-check/feddb/s{seed}", "feddb", LOSS_CHECK, seed=seed)
+             for seed in HONEST_SEEDS]
+    for method in OTHER_METHODS:          # what the agreement filter costs the other methods
+        runs += [run(f"clean/{method}/s0", method, ""),
+                 run(f"clean-nofilter/{method}/s0", method, NO_FILTER)]
     return runs
 
 
@@ -92,10 +98,11 @@ def mean_interval(d: list[float]) -> str:
     return f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}] ({len(d)} seeds)"
 
 
-def table(out: Path, federation: str = "five") -> str:
+def table(out: Path, federation: str = "forced") -> str:
     """The benchmark's tables; runs not complete yet show as `not run`."""
     lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
-             "attacked, defaults | defaults − clean |", "|---|---|---|---|---|---|"]
+             "attacked, defaults but no agreement filter | attacked, defaults | defaults − clean |",
+             "|---|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
         tag = method + ("-samples" if extra else "")
         clean = final(out / f"clean/{tag}/s0")
@@ -105,30 +112,59 @@ def table(out: Path, federation: str = "five") -> str:
                else "not run")
         lines.append(f"| {attack} | {tag} | {pct(clean)} | "
                      f"{pct(hit) if attack != 'nan' else 'rejected (same as defaults)'} | "
-                     f"{pct(held)} | {gap} |")
+                     f"{pct(final(out / f'{attack}/nofilter'))} | {pct(held)} | {gap} |")
     rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
-    lines += ["", "Honest runs, FedDB, no attack, final test accuracy (%): defaults vs no defence",
-              "", "| seed | defaults | no defence | difference |", "|---|---|---|---|"]
-    lines += [f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows]
-    lines.append(f"| mean, 95 % interval | | | "
-                 f"{mean_interval([100 * (x - y) for _, x, y in rows])} |")
     done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
-    lines += ["", loss_check_table(out), "", honest_weights(done) if done else ""]
+    return "\n".join(lines + [
+        "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
+                         "clean-undefended/feddb/s{s}", "no defence"),
+        "", honest_table(out, "FedDB, no attack: defaults vs the defaults without the agreement "
+                         "filter", "clean/feddb/s{s}", "clean-nofilter/feddb/s{s}", "no filter"),
+        "", other_methods_table(out), "", loss_check_table(out), "",
+        honest_weights(done) if done else ""])
+
+
+def honest_table(out: Path, title: str, a: str, b: str, b_name: str) -> str:
+    rows = paired(out, a, b)
+    return "\n".join([
+        f"Honest runs, {title}, final test accuracy (%)", "",
+        f"| seed | defaults | {b_name} | difference |", "|---|---|---|---|",
+        *[f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows],
+        f"| mean, 95 % interval | | | {mean_interval([100 * (x - y) for _, x, y in rows])} |"])
+
+
+def other_methods_table(out: Path) -> str:
+    """What the agreement filter (a default for every method) costs the other methods' honest
+    runs, seed 0, with the rounds where it dropped an honest update."""
+    lines = ["Honest runs of the other methods, seed 0: defaults vs the defaults without the "
+             "agreement filter", "", "| method | defaults | no filter | difference | rounds with "
+             "an update dropped |", "|---|---|---|---|---|"]
+    for m in OTHER_METHODS:
+        x, y = final(out / f"clean/{m}/s0"), final(out / f"clean-nofilter/{m}/s0")
+        diff = f"{100 * (x - y):+.2f}" if x is not None and y is not None else "not run"
+        lines.append(f"| {m} | {pct(x)} | {pct(y)} | {diff} | {dropped_rounds(out / f'clean/{m}/s0')} |")
     return "\n".join(lines)
 
 
+def dropped_rounds(run_dir: Path) -> str:
+    f = run_dir / "metrics.jsonl"
+    if not f.is_file():
+        return "not run"
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    hit = sum(bool((r.get("robust") or {}).get("dropped")) for r in rows)
+    return f"{hit} of {len(rows)}"
+
+
 def loss_check_table(out: Path) -> str:
-    """The opt-in loss check against the sign flip, against the level of node 0 being absent (the
-    NaN run: its reply dropped every round), and what it costs honest runs."""
-    rows = paired(out, "clean-loss-check/feddb/s{s}", "clean/feddb/s{s}")
+    """The opt-in loss check (in place of the agreement filter) against the sign flip, against the
+    level of node 0 being absent (the NaN run: its reply dropped every round), and what it costs
+    honest runs."""
     return "\n".join([
         f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
         f"{pct(final(out / 'clean/feddb/s0'))}).", "",
-        "Honest runs, FedDB, no attack: the loss check vs the defaults", "",
-        "| seed | with the loss check | defaults | difference |", "|---|---|---|---|",
-        *[f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows],
-        f"| mean, 95 % interval | | | {mean_interval([100 * (x - y) for _, x, y in rows])} |"])
+        honest_table(out, "FedDB, no attack: the defaults vs the loss check",
+                     "clean/feddb/s{s}", "clean-loss-check/feddb/s{s}", "the loss check")])
 
 
 def honest_weights(run_dirs: list[Path]) -> str:
@@ -152,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", default="0/1", metavar="K/N",
                     help="run only every N-th run from the K-th (0 <= K < N), so that N "
                          "processes share the plan; the table is written once all are complete")
-    ap.add_argument("--federation", choices=sorted(SETTINGS), default="five",
+    ap.add_argument("--federation", choices=sorted(SETTINGS), default="forced",
                     help="five: 5 clients, all every round (the benchmark); default: the quick "
                          "preset's 20 clients, 10 a round; forced: 20 clients, 5 a round, node 0 "
                          "in every round (fl.always_sample=[0]); use another --out for each")

@@ -391,6 +391,10 @@ class WeightedAverage(FedAvg):
             keep = robust.agreeing(cos, rb["min_cosine"])
             diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
                                                        if i not in keep])
+            if diag["dropped"]:
+                log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
+                    "median of the others below %s", self.last_round.get("round"),
+                    diag["dropped"], rb["min_cosine"])
         if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 BASE = ("fl.num_clients=5 fl.fraction_train=1.0 dataset.num_labeled=500 train.mode=minibatch "
         "train.local_epochs=1 train.local_steps=10 train.lr=0.1 train.tau=0.6 train.warmup_rounds=0 "
         "model.norm=gn fl.node_wait=0 checkpoint.every=0 server.momentum=0")
-UNDEFENDED = "dma.cap=null server.sizes=reported server.robust.clip=null"
+UNDEFENDED = ("dma.cap=null server.sizes=reported server.robust.clip=null "
+              "server.robust.min_cosine=null")
+NO_FILTER = "server.robust.min_cosine=null"
 
 
 def run(tmp_path, name, data, method, attack=None, extra="", rounds=2):
@@ -96,13 +98,14 @@ def test_a_scaled_update_is_held_to_an_honest_size_by_the_norm_bound(attacks_on,
 
 def test_a_sign_flip_moves_the_model_no_further_than_one_client_of_bounded_norm(
         attacks_on, small_npz, tmp_path):
-    moved = influence(tmp_path, small_npz, "sign_flip", "server.robust.clip=2.0")
-    norms = run(tmp_path, "norms", small_npz, "fixmatch", "sign_flip", rounds=1)[0]["robust"]
+    moved = influence(tmp_path, small_npz, "sign_flip", f"server.robust.clip=2.0 {NO_FILTER}")
+    norms = run(tmp_path, "norms", small_npz, "fixmatch", "sign_flip", NO_FILTER,
+                rounds=1)[0]["robust"]
     bound = 2.0 * np.median(norms["update_norms"])
     # the flipped update replaces +D_0 by -D_0 with weight 1/5, both at most the norm bound
     assert 0 < moved <= 2 * bound / 5 + 1e-9
     # coordinate-wise rules are no cure on non-IID updates (README, "Threat model"): measured
-    median = influence(tmp_path, small_npz, "sign_flip", "server.robust.rule=median")
+    median = influence(tmp_path, small_npz, "sign_flip", f"server.robust.rule=median {NO_FILTER}")
     assert median > 0
 
 
@@ -157,6 +160,18 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
     assert (cos[:4] > 0).all() and cos[4] < 0
 
 
+def test_a_sign_flip_is_dropped_by_the_default_agreement_filter(attacks_on, small_npz, tmp_path):
+    """The defaults (server.robust.min_cosine=-0.1): the flipped update has the lowest cosine with
+    the median of the others and goes in every round; the same node honest stays."""
+    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", rounds=3)
+    for r in rounds:
+        cos = r["robust"]["cosines"]
+        assert 0 in r["robust"]["dropped"] and cos[0] == min(cos) < -0.1
+        assert 0 not in r["robust"]["selected"] and len(r["robust"]["selected"]) >= 3
+    honest = run(tmp_path, "honest", small_npz, "feddb", None, rounds=3)
+    assert all(0 not in r["robust"]["dropped"] for r in honest)
+
+
 def test_the_agreement_filter_keeps_at_least_the_most_agreeing_half():
     from strategy.robust import agreeing
 
@@ -203,12 +218,12 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
     rounds = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip",
-                 "dataset.val_size=200 server.robust.loss_check=0.02", rounds=3)
+                 f"dataset.val_size=200 server.robust.loss_check=0.02 {NO_FILTER}", rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in rounds)
     assert all(len(r["robust"]["loss_impact"]) == 5 for r in rounds)
     assert all(0 not in r["robust"]["selected"] for r in rounds)
     off = run(tmp_path, "lfr-off", small_npz, "feddb", "sign_flip",
-              "dataset.val_size=200", rounds=3)
+              f"dataset.val_size=200 {NO_FILTER}", rounds=3)
     assert all("loss_dropped" not in r["robust"] for r in off)
     assert rounds[-1]["val_loss"] < off[-1]["val_loss"]
 
@@ -229,14 +244,15 @@ def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
         (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
         (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
     text = table(tmp_path)
-    assert "Sign flip with `server.robust.loss_check=0.02`: 87.10 (node 0 absent" in text
+    assert ("Sign flip with `server.robust.min_cosine=null server.robust.loss_check=0.02`: 87.10 "
+            "(node 0 absent") in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
     # runs not complete yet show as such; the seeds complete so far are paired
     for gone in ("sign_flip/defaults", "clean-loss-check/feddb/s2", "clean-undefended/feddb/s1"):
         (tmp_path / gone / "summary.json").unlink()
     text = table(tmp_path)
-    assert "| sign_flip | feddb | 94.00 | 94.00 | not run | not run |" in text
-    assert "| 1 | " not in text.split("Sign flip with")[0]             # seed 1 not paired
+    assert "| sign_flip | feddb | 94.00 | 94.00 | 94.00 | not run | not run |" in text
+    assert "| 1 | " not in text.split("without the agreement filter, final")[0]   # not paired
     assert "+0.00 [nan, nan] (1 seeds)" not in text and "(2 seeds)" in text
 
 
@@ -270,14 +286,15 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     assert main(["--out", str(tmp_path), "--part", "1/2"]) == 0
     assert sorted(started) == sorted(r["dir"] for r in plan())
     assert "Sign flip with" in (tmp_path / "attacks.md").read_text()
-    assert all("fl.num_clients=5" in o for o in overrides)
+    assert all("fl.fraction_train=0.25 fl.always_sample=[0]" in o for o in overrides)
+    assert "node 0 of 20, in every round of 5" in (tmp_path / "attacks.md").read_text()
     # the quick preset's own federation: 20 clients, 10 a round, said in the table
     overrides.clear()
     assert main(["--out", str(tmp_path / "fed20"), "--federation", "default"]) == 0
     assert overrides and not any("fl.num_clients" in o for o in overrides)
     assert "node 0 of 20, when drawn" in (tmp_path / "fed20" / "attacks.md").read_text()
-    # node 0 of 20 in every round of 5
+    # five clients, all every round
     overrides.clear()
-    assert main(["--out", str(tmp_path / "forced"), "--federation", "forced"]) == 0
-    assert all("fl.fraction_train=0.25 fl.always_sample=[0]" in o for o in overrides)
-    assert "node 0 of 20, in every round of 5" in (tmp_path / "forced" / "attacks.md").read_text()
+    assert main(["--out", str(tmp_path / "five"), "--federation", "five"]) == 0
+    assert all("fl.num_clients=5" in o for o in overrides)
+    assert "node 0 of 5, every round" in (tmp_path / "five" / "attacks.md").read_text()
