@@ -20,8 +20,11 @@ from torch import nn
 from . import augment
 from .data import Dataset
 from .losses import app_u, masked_ce, momentum_update, pseudo_label
+from .models import batch_dependent
 from .partition import Partition
 from .sgd import SGD
+
+CPU_EVAL_BATCH = 100     # images per CPU evaluation batch: activations that stay in cache
 
 
 @dataclass
@@ -312,10 +315,14 @@ class FixMatch(LocalTrainer):
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, std: tuple,
              batch_size: int, fast: bool = False) -> tuple[float, float, np.ndarray, np.ndarray]:
     """Loss, accuracy, predicted classes and their softmax confidence on fixed batches in dataset
-    order (eval mode). `fast` (accelerators): bf16 autocast and channels_last, as training."""
+    order (eval mode). `fast` (accelerators): bf16 autocast and channels_last, as training. On a
+    CPU a model whose outputs do not depend on the batch runs in cache-sized batches (the same
+    outputs; measured 1.7x faster for the CNN than batches of 250)."""
     model.eval()
     if fast:
         model.to(memory_format=torch.channels_last)
+    if x.device.type == "cpu" and not batch_dependent(model):
+        batch_size = min(batch_size, CPU_EVAL_BATCH)
     losses, preds, confs = [], [], []
     for i in range(0, len(x), batch_size):
         xb = augment.normalize(x[i:i + batch_size], mean, std)

@@ -32,3 +32,43 @@ def test_norm_switch(name, channels, size):
 def test_unknown_model():
     with pytest.raises(ValueError, match="cnn, wrn28_2"):
         build_model({"name": "vit", "norm": "bn"}, 10, 3)
+
+
+
+@pytest.mark.parametrize("size", [28, 7, 9])
+def test_the_inference_max_pool_gives_torchs_values_and_training_keeps_torchs_path(size):
+    from fssl.models import MaxPool2x2
+
+    pool = MaxPool2x2()
+    x = torch.randn(3, 4, size, size + 1)
+    x[0, 0, :2, :2] = 0.5                       # ties
+    with torch.no_grad():
+        assert torch.equal(pool(x), nn.functional.max_pool2d(x, 2))
+    xg = x.clone().requires_grad_()
+    pool(xg).sum().backward()                     # torch's kernel: a tie's gradient goes to one
+    ref = x.clone().requires_grad_()
+    nn.functional.max_pool2d(ref, 2).sum().backward()
+    assert torch.equal(xg.grad, ref.grad) and xg.grad[0, 0, :2, :2].sum() == 1
+
+
+def test_cpu_evaluation_in_small_batches_gives_the_same_predictions():
+    """fssl.train.evaluate runs batch-independent models on a CPU in batches of at most
+    CPU_EVAL_BATCH (the same outputs as one pass); batch-statistics models keep the configured
+    batches, which decide their outputs."""
+    from fssl import augment
+    from fssl.models import batch_dependent
+    from fssl.train import CPU_EVAL_BATCH, evaluate
+
+    torch.manual_seed(0)
+    x, y = torch.rand(3 * CPU_EVAL_BATCH, 1, 28, 28), torch.randint(0, 10, (3 * CPU_EVAL_BATCH,))
+    for norm in ("gn", "batchstat"):
+        model = build_model({"name": "cnn", "norm": norm}, 10, 1).eval()
+        with torch.no_grad():
+            logits = model(augment.normalize(x, (0.1,), (0.3,)))
+        one_pass = nn.functional.cross_entropy(logits, y).item()
+        loss, _, pred, _ = evaluate(model, x, y, (0.1,), (0.3,), len(x))
+        assert batch_dependent(model) == (norm == "batchstat")
+        assert loss == pytest.approx(one_pass, rel=1e-5) and (pred == logits.argmax(1).numpy()).all()
+        conf = evaluate(model, x, y, (0.1,), (0.3,), CPU_EVAL_BATCH)[3]
+        one_conf = logits.softmax(1).max(1).values.double().numpy()
+        assert (abs(conf - one_conf).max() < 1e-5) == (norm == "gn")
