@@ -223,6 +223,10 @@ def validate(cfg: dict[str, Any]) -> None:
     _require(rb["min_cosine"] is None or (_number(rb["min_cosine"])
                                           and -1 <= rb["min_cosine"] <= 1),
              "server.robust.min_cosine", rb["min_cosine"], "a number in [-1, 1], or null")
+    _require(rb["min_cosine_margin"] is None or (_number(rb["min_cosine_margin"])
+                                                 and 0 <= rb["min_cosine_margin"] <= 2),
+             "server.robust.min_cosine_margin", rb["min_cosine_margin"],
+             "a number in [0, 2], or null")
     _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
     _require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,

@@ -388,13 +388,14 @@ class WeightedAverage(FedAvg):
         keep = list(range(len(client_arrays)))
         if rb["min_cosine"] is not None and len(client_arrays) > 2:
             cos = robust.median_agreement(self.global_arrays, client_arrays)
-            keep = robust.agreeing(cos, rb["min_cosine"])
+            keep = robust.agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
             diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
                                                        if i not in keep])
             if diag["dropped"]:
                 log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
-                    "median of the others below %s", self.last_round.get("round"),
-                    diag["dropped"], rb["min_cosine"])
+                    "median of the others below %s and the round's median cosine minus %s",
+                    self.last_round.get("round"), diag["dropped"], rb["min_cosine"],
+                    rb["min_cosine_margin"])
         if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],

@@ -3,10 +3,11 @@
 - Norm bound (`server.robust.clip` = c): each client's update D_m = w_m - w is scaled down to at most
   c x the round's median update norm, so a reply of w + 1000 D moves the model no further than an
   honest one could.
-- Agreement filter (`server.robust.min_cosine`): drop the updates whose cosine with the
-  coordinate-wise median of the other clients' updates is below the threshold (a sign-flipped
-  update points against it). If fewer than half would stay, the half that agrees most stays (an
-  honest majority is what every rule here assumes).
+- Agreement filter (`server.robust.min_cosine`, `min_cosine_margin`): drop the updates whose
+  cosine with the coordinate-wise median of the other clients' updates is below the threshold (a
+  sign-flipped update points against it) and, with a margin, also more than the margin below the
+  round's median cosine. If fewer than half would stay, the half that agrees most stays (an honest
+  majority is what every rule here assumes).
 - Loss check (`server.robust.loss_check` = r): the loss-based rejection (LFR) of Fang et al. 2020,
   "Local model poisoning attacks to Byzantine-robust federated learning", with a threshold in
   place of a fixed count: drop an update when the weighted average without it has a validation
@@ -93,9 +94,12 @@ def median_agreement(global_arrays: dict[str, np.ndarray],
     return np.where(norms > 0, dots / np.maximum(norms, 1e-300), 0.0)
 
 
-def agreeing(cos: np.ndarray, threshold: float) -> list[int]:
-    """The clients whose cosine reaches the threshold; at least the most agreeing half."""
-    keep = [i for i in range(len(cos)) if cos[i] >= threshold]
+def agreeing(cos: np.ndarray, threshold: float, margin: float | None = None) -> list[int]:
+    """The clients whose cosine reaches the threshold or, with a margin, lies within it of the
+    round's median cosine (late in training honest non-IID updates all point away from each
+    other: then nobody stands out); at least the most agreeing half."""
+    floor = threshold if margin is None else min(threshold, float(np.median(cos)) - margin)
+    keep = [i for i in range(len(cos)) if cos[i] >= floor]
     half = (len(cos) + 1) // 2
     return keep if len(keep) >= half else sorted(np.argsort(-cos, kind="stable")[:half].tolist())
 

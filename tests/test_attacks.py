@@ -161,14 +161,18 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
 
 
 def test_a_sign_flip_is_dropped_by_the_default_agreement_filter(attacks_on, small_npz, tmp_path):
-    """The defaults (server.robust.min_cosine=-0.1): the flipped update has the lowest cosine with
-    the median of the others and goes in every round; the same node honest stays."""
-    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", rounds=3)
+    """The defaults (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped update
+    has the lowest cosine with the median of the others, and goes once it stands out below the
+    round's median cosine; the same node honest is never dropped."""
+    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", rounds=4)
     for r in rounds:
         cos = r["robust"]["cosines"]
-        assert 0 in r["robust"]["dropped"] and cos[0] == min(cos) < -0.1
-        assert 0 not in r["robust"]["selected"] and len(r["robust"]["selected"]) >= 3
-    honest = run(tmp_path, "honest", small_npz, "feddb", None, rounds=3)
+        assert cos[0] == min(cos) < -0.1
+        stands_out = cos[0] < np.median(cos) - 0.2
+        assert (0 in r["robust"]["dropped"]) == stands_out, cos
+        assert r["robust"]["dropped"] in ([], [0])
+    assert rounds[-1]["robust"]["dropped"] == [0] and 0 not in rounds[-1]["robust"]["selected"]
+    honest = run(tmp_path, "honest", small_npz, "feddb", None, rounds=4)
     assert all(0 not in r["robust"]["dropped"] for r in honest)
 
 
@@ -180,6 +184,13 @@ def test_the_agreement_filter_keeps_at_least_the_most_agreeing_half():
     # away from the others' median): the attacker at -0.31 still goes, not everyone stays
     assert agreeing(np.array([-0.31, -0.06, -0.12, -0.02, -0.09]), 0.0) == [1, 3, 4]
     assert agreeing(np.array([0.5, 0.4, 0.3, 0.2]), 0.35) == [0, 1]
+    # with a margin, only who stands out below the round's median cosine goes: measured late in
+    # honest five-client runs, every update points away from the others' median
+    late = np.array([-0.43, -0.43, -0.18, -0.5, -0.4])
+    assert agreeing(late, -0.1) == [0, 2, 4] and agreeing(late, -0.1, 0.2) == [0, 1, 2, 3, 4]
+    flip = np.array([-0.48, 0.16, 0.21, 0.25, 0.34])        # a sign flip among honest updates
+    assert agreeing(flip, -0.1, 0.2) == [1, 2, 3, 4]
+    assert agreeing(np.array([-0.11, -0.03, 0.02, 0.14, -0.18]), -0.1, 0.2) == [0, 1, 2, 3, 4]
 
 
 def test_the_leave_one_out_medians_are_the_medians_of_the_others():

@@ -69,6 +69,10 @@ def test_paper_presets(name):
     ({"overrides": "train.precision=fp16"}, "`train.precision`: 'fp16'; allowed: auto, fp32, bf16"),
     ({"overrides": "train.optimizer_state=disk"}, "`train.optimizer_state`: 'disk'"),
     ({"overrides": "logging.tensorboard=maybe"}, "`logging.tensorboard`: 'maybe'"),
+    ({"overrides": "server.robust.min_cosine=2"}, "`server.robust.min_cosine`: 2; allowed: a "
+                                                  "number in [-1, 1], or null"),
+    ({"overrides": "server.robust.min_cosine_margin=-0.1"},
+     "`server.robust.min_cosine_margin`: -0.1; allowed: a number in [0, 2], or null"),
 ])
 def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
