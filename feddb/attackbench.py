@@ -1,19 +1,20 @@
-"""The attack benchmark: one malicious node of five, every round, on MNIST-10k.
+"""The attack benchmark: one malicious client of five in every round, on MNIST-10k.
 
-    feddb attacks --out runs/attacks        # 20 runs, about 60 min here
-    feddb attacks --out runs/attacks --part 0/2  &  feddb attacks --out runs/attacks --part 1/2
-                                            # the same runs on two cores, about 20 min
-    feddb attacks --federation default --out runs/attacks20    # the quick preset's federation
-    feddb attacks --federation forced --out runs/attacks_forced   # node 0 of 20 in every round of 5
+    feddb attacks --out runs/attacks_forced   # 40 runs, about 2 min each here; resumable
+    feddb attacks --out runs/attacks_forced --part 0/2  &  ... --part 1/2   # two processes
+    feddb attacks --federation five --out runs/attacks_five     # 5 clients, all every round
+    feddb attacks --federation default --out runs/attacks20     # the quick preset's federation
 
-Setting: experiment=quick (1000 labels, Dirichlet δ=0.3, 40 rounds) with 5 clients, all 5 every
-round; node 0 attacks (client_app/attacks.py, switched on here through node_config and
-FEDDB_TEST_ATTACKS=1, never by a run-config). FedDB is the victim, except for inflated sizes,
-which only matter to n_m/N weighting (FixMatch with server.weighting=samples). For each attack,
-final test accuracy: clean / attacked with no defence (dma.cap=null, server.sizes=reported,
-server.robust.clip=null) / attacked with the defaults. Then the honest check: FedDB with the
-defaults vs with no defence, seeds 0-2, paired differences. Complete runs are skipped, so an
-interrupted benchmark resumes; the table goes to <out>/attacks.md.
+Setting (forced, the default): experiment=quick (1000 labels, Dirichlet 0.3, 40 rounds), its 20
+clients with 5 a round and fl.always_sample=[0], so node 0 is one of the 5 in every round and
+attacks (client_app/attacks.py, switched on here through node_config and FEDDB_TEST_ATTACKS=1,
+never by a run-config). FedDB is the victim, except for inflated sizes, which only matter to n_m/N
+weighting (FixMatch with server.weighting=samples). For each attack, final test accuracy: clean /
+attacked with no defence (dma.cap=null, server.sizes=reported, server.robust.clip=null,
+server.robust.min_cosine=null) / with the defaults but no agreement filter / with the defaults.
+Then the honest checks: FedDB seeds 0-2 with the defaults against no defence and against no
+agreement filter; the other methods (seed 0) with and without the filter; the opt-in loss check.
+Complete runs are skipped, so an interrupted benchmark resumes; the table goes to <out>/attacks.md.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def plan() -> list[dict]:
         for kind, more in (("undefended", UNDEFENDED), ("nofilter", NO_FILTER), ("defaults", "")):
             if not (attack == "nan" and kind == "undefended"):   # rejected by the reply check
                 runs.append(run(f"{attack}/{kind}", method, extra + more, attack))
+    runs += [run(f"sign_flip/defaults-s{seed}", "feddb", "", "sign_flip", seed)
+             for seed in HONEST_SEEDS[1:]]    # the attack on seeds the defaults were not set on
     runs.append(run("sign_flip/loss-check", "feddb", LOSS_CHECK, "sign_flip"))
     runs += [run(f"clean-loss-check/feddb/s{seed}", "feddb", LOSS_CHECK, seed=seed)
              for seed in HONEST_SEEDS]
@@ -115,6 +118,10 @@ def table(out: Path, federation: str = "forced") -> str:
                      f"{pct(final(out / f'{attack}/nofilter'))} | {pct(held)} | {gap} |")
     rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
     done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
+    flips = paired(out, "sign_flip/defaults-s{s}", "clean/feddb/s{s}")
+    lines += ["", "Sign flip with the defaults on the other seeds: " + ("; ".join(
+        f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})" for s, x, y in flips if s)
+        or "not run") + "."]
     return "\n".join(lines + [
         "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
                          "clean-undefended/feddb/s{s}", "no defence"),

@@ -14,7 +14,7 @@ COMMANDS = {
     "sweep": ("feddb.sweep", "a resumable grid of runs (Hydra multirun: -m row=... seed=...)"),
     "report": ("feddb.report", "tables, paired differences and figures from run directories"),
     "ladder": ("feddb.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
-    "attacks": ("feddb.attackbench", "the attack benchmark: one malicious node of five"),
+    "attacks": ("feddb.attackbench", "the attack benchmark: one malicious client of five a round"),
     "bench": ("feddb.benchmark", "the speed benchmark"),
     "overhead": ("feddb.overhead", "where a round's time goes with a null trainer, and Flower's floor"),
     "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
