@@ -1,6 +1,6 @@
 """The attack benchmark: one malicious client of five in every round, on MNIST-10k.
 
-    feddb attacks --out runs/attacks_forced   # 40 runs, about 2 min each here; resumable
+    feddb attacks --out runs/attacks_forced   # 42 runs, about 2 min each here; resumable
     feddb attacks --out runs/attacks_forced --part 0/2  &  ... --part 1/2   # two processes
     feddb attacks --federation five --out runs/attacks_five     # 5 clients, all every round
     feddb attacks --federation default --out runs/attacks20     # the quick preset's federation
@@ -68,6 +68,8 @@ def plan() -> list[dict]:
     runs += [run(f"sign_flip/defaults-s{seed}", "feddb", "", "sign_flip", seed)
              for seed in HONEST_SEEDS[1:]]    # the attack on seeds the defaults were not set on
     runs.append(run("sign_flip/loss-check", "feddb", LOSS_CHECK, "sign_flip"))
+    runs += [run(f"sign_flip/loss-check-s{seed}", "feddb", LOSS_CHECK, "sign_flip", seed)
+             for seed in HONEST_SEEDS[1:]]
     runs += [run(f"clean-loss-check/feddb/s{seed}", "feddb", LOSS_CHECK, seed=seed)
              for seed in HONEST_SEEDS]
     for method in OTHER_METHODS:          # what the agreement filter costs the other methods
@@ -166,10 +168,13 @@ def loss_check_table(out: Path) -> str:
     """The opt-in loss check (in place of the agreement filter) against the sign flip, against the
     level of node 0 being absent (the NaN run: its reply dropped every round), and what it costs
     honest runs."""
+    others = paired(out, "sign_flip/loss-check-s{s}", "clean/feddb/s{s}")
     return "\n".join([
         f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
-        f"{pct(final(out / 'clean/feddb/s0'))}).", "",
+        f"{pct(final(out / 'clean/feddb/s0'))})" + "".join(
+            f"; seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})"
+            for s, x, y in others if s) + ".", "",
         honest_table(out, "FedDB, no attack: the defaults vs the loss check",
                      "clean/feddb/s{s}", "clean-loss-check/feddb/s{s}", "the loss check")])
 
