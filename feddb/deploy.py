@@ -189,15 +189,21 @@ class LocalDeployment:
             raise RuntimeError(
                 f"`flwr run` did not start:\n{started.stdout}{started.stderr}") from err
 
-    def follow(self, run_id: int, kill_node_after: float | None = None) -> dict:
-        """Poll the run until it ends (optionally killing SuperNode 0 after a delay); print log."""
+    def follow(self, run_id: int, kill_node_after: float | None = None,
+               kill_after_round: tuple[int, Path] | None = None) -> dict:
+        """Poll the run until it ends, optionally killing SuperNode 0 after a delay or once the
+        run's metrics.jsonl holds a given round (failure drills); print its log."""
         t0 = time.monotonic()
         while True:
-            time.sleep(2.0)
-            if kill_node_after is not None and time.monotonic() - t0 > kill_node_after:
+            time.sleep(0.5 if kill_after_round else 2.0)
+            due = kill_node_after is not None and time.monotonic() - t0 > kill_node_after
+            if kill_after_round is not None:
+                rounds, metrics = kill_after_round
+                due = metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds
+            if due:
                 self.procs["supernode_0"].kill()
                 print("killed SuperNode 0 (partition 0)", flush=True)
-                kill_node_after = None
+                kill_node_after = kill_after_round = None
             listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"],
                            self.env)
             try:
@@ -214,8 +220,12 @@ class LocalDeployment:
 
 
 def run_local(nodes: int, workdir: Path, run_config: dict, insecure: bool = False,
-              kill_node_after: float | None = None) -> int:
+              kill_node_after: float | None = None, kill_after_round: int | None = None) -> int:
     """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code."""
+    if kill_after_round is not None and not run_config.get("output-dir"):
+        print("error: --kill-node-after-round needs output-dir in --run-config (where the run's "
+              "metrics.jsonl is watched), e.g. output-dir='runs/drill'", file=sys.stderr)
+        return 2
     data_files = export_data(run_config, workdir / "data")
     if len(data_files) != nodes:
         print(f"error: the configuration has {len(data_files)} clients (fl.num_clients) but "
@@ -231,7 +241,8 @@ def run_local(nodes: int, workdir: Path, run_config: dict, insecure: bool = Fals
             dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
-        status = dep.follow(run_id, kill_node_after)
+        status = dep.follow(run_id, kill_node_after, None if kill_after_round is None else
+                            (kill_after_round, Path(run_config["output-dir"]) / "metrics.jsonl"))
         if status.get("status") != "finished:completed":
             print(f"error: run {run_id} ended as {status.get('status')}: "
                   f"{status.get('status-details', '')}", file=sys.stderr)
@@ -277,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
     lo.add_argument("--kill-node-after", type=float, default=None,
                     help="kill SuperNode 0 this many seconds after submitting (failure drill)")
+    lo.add_argument("--kill-node-after-round", type=int, default=None, metavar="N",
+                    help="kill SuperNode 0 once round N is recorded (failure drill; needs "
+                         "output-dir in --run-config)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(file)
             return 0
         return run_local(args.nodes, args.workdir, run_config, args.insecure,
-                         args.kill_node_after)
+                         args.kill_node_after, args.kill_node_after_round)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
