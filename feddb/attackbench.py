@@ -120,10 +120,8 @@ def table(out: Path, federation: str = "forced") -> str:
                      f"{pct(final(out / f'{attack}/nofilter'))} | {pct(held)} | {gap} |")
     rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
     done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
-    flips = paired(out, "sign_flip/defaults-s{s}", "clean/feddb/s{s}")
-    lines += ["", "Sign flip with the defaults on the other seeds: " + ("; ".join(
-        f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})" for s, x, y in flips if s)
-        or "not run") + "."]
+    lines += ["", "Sign flip with the defaults on the other seeds: "
+              + (other_seeds(out, "sign_flip/defaults-s{s}") or "not run") + "."]
     return "\n".join(lines + [
         "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
                          "clean-undefended/feddb/s{s}", "no defence"),
@@ -131,6 +129,12 @@ def table(out: Path, federation: str = "forced") -> str:
                          "filter", "clean/feddb/s{s}", "clean-nofilter/feddb/s{s}", "no filter"),
         "", other_methods_table(out), "", loss_check_table(out), "",
         honest_weights(done) if done else ""])
+
+
+def other_seeds(out: Path, attacked: str) -> str:
+    """`seed 1 x (clean y, x - y); seed 2 ...` for the attacked runs on seeds 1-2 complete so far."""
+    return "; ".join(f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})"
+                     for s, x, y in paired(out, attacked, "clean/feddb/s{s}") if s)
 
 
 def honest_table(out: Path, title: str, a: str, b: str, b_name: str) -> str:
@@ -168,13 +172,11 @@ def loss_check_table(out: Path) -> str:
     """The opt-in loss check (in place of the agreement filter) against the sign flip, against the
     level of node 0 being absent (the NaN run: its reply dropped every round), and what it costs
     honest runs."""
-    others = paired(out, "sign_flip/loss-check-s{s}", "clean/feddb/s{s}")
+    others = other_seeds(out, "sign_flip/loss-check-s{s}")
     return "\n".join([
         f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
-        f"{pct(final(out / 'clean/feddb/s0'))})" + "".join(
-            f"; seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})"
-            for s, x, y in others if s) + ".", "",
+        f"{pct(final(out / 'clean/feddb/s0'))})" + (f"; {others}" if others else "") + ".", "",
         honest_table(out, "FedDB, no attack: the defaults vs the loss check",
                      "clean/feddb/s{s}", "clean-loss-check/feddb/s{s}", "the loss check")])
 
