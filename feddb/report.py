@@ -544,8 +544,10 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                     if only and not only(rs[0]):
                         continue
                     x, m, sd = series(rs, key)
-                    if np.isnan(m).all():
+                    ok = np.isfinite(m)          # rounds between evaluations (eval.every) are gaps
+                    if not ok.any():
                         continue
+                    x, m, sd = x[ok], m[ok], sd[ok]
                     ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
                             lw=1.5)
                     if len(rs) > 1:

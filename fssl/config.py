@@ -277,6 +277,9 @@ def validate(cfg: dict[str, Any]) -> None:
              cfg["logging"]["tensorboard"], "true or false")
     _require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
              "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
+    every = cfg["eval"].get("every", 1)
+    _require(isinstance(every, int) and not isinstance(every, bool) and every >= 1,
+             "eval.every", every, "an integer >= 1 (1: evaluate every round)")
     _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
              "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
     threads = cfg["eval"].get("threads", "auto")

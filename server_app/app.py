@@ -183,7 +183,7 @@ def main(grid: Grid, context: Context) -> None:
         recorder.close()
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     s = recorder.summary()
-    if s["rounds"]:
+    if s["final_test_accuracy"] is not None:
         selected = (f", at the best-validation round {s['selected_round']}: "
                     f"{s['selected_test_accuracy']:.4f}" if s["selected_round"] else "")
         print(f"[feddb] done: final test acc {s['final_test_accuracy']:.4f}{selected}"

@@ -1,4 +1,5 @@
-"""Central evaluation every round and the run directory: metrics.jsonl, progress lines, summary."""
+"""Central evaluation (every `eval.every` rounds) and the run directory: metrics.jsonl, progress
+lines, summary."""
 
 from __future__ import annotations
 
@@ -18,8 +19,15 @@ from fssl.train import evaluate, to_nchw
 from strategy.base import WeightedAverage, arrays_to_torch
 
 
+# a round whose global model is not evaluated (eval.every > 1): its record has these as null
+NOT_EVALUATED = dict.fromkeys(("test_loss", "test_accuracy", "val_loss", "val_accuracy",
+                               "class_accuracy", "top_class_share", "prediction_entropy",
+                               "collapsed", "predicted_histogram", "ece", "mean_confidence"))
+
+
 class RoundRecorder:
-    """`evaluate_fn` of Strategy.start: evaluates the global model and appends one JSON line."""
+    """`evaluate_fn` of Strategy.start: evaluates the global model (on the rounds `due`) and
+    appends one JSON line a round."""
 
     def __init__(self, cfg: dict[str, Any], ds: Dataset, model: torch.nn.Module,
                  strategy: WeightedAverage, run_dir: Path, device: torch.device) -> None:
@@ -105,9 +113,14 @@ class RoundRecorder:
         return evaluate(self.model, self.x_val[:n], self.y_val[:n], self.ds.mean, self.ds.std,
                         self.cfg["eval"]["batch_size"], self.fast)[0]
 
+    def due(self, server_round: int) -> bool:
+        """Round t's global model is evaluated: every `eval.every` rounds, round 0 and the last."""
+        every = self.cfg["eval"].get("every", 1)
+        return server_round % every == 0 or server_round >= self.cfg["num_rounds"]
+
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         t0 = time.perf_counter()
-        ev = self.evaluate(arrays)
+        ev = self.evaluate(arrays) if self.due(server_round) else NOT_EVALUATED
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         now = time.perf_counter()
         seconds, self.t_last = now - self.t_last, now      # the whole cycle since the last one
@@ -118,9 +131,9 @@ class RoundRecorder:
         else:
             self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
-        self.prev_class_acc = cls_acc
+        self.prev_class_acc = cls_acc      # None after a round not evaluated: no JS divergence next
         self.write_seconds = time.perf_counter() - now     # metrics.jsonl, TensorBoard, the line
-        return MetricRecord({"test_accuracy": acc, "test_loss": loss})
+        return MetricRecord({"test_accuracy": acc, "test_loss": loss} if acc is not None else {})
 
     def write(self, server_round: int, ev: dict[str, Any], seconds: float) -> None:
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
@@ -148,6 +161,7 @@ class RoundRecorder:
                   if pl_count else None)
         record = {
             "round": server_round,
+            "evaluated": acc is not None,          # false between evaluations (eval.every > 1)
             "test_accuracy": acc,
             "test_loss": loss,
             "val_accuracy": ev.get("val_accuracy"),
@@ -159,7 +173,7 @@ class RoundRecorder:
             "predicted_histogram": ev["predicted_histogram"],
             "ece": ev["ece"],
             "mean_confidence": ev["mean_confidence"],
-            "class_accuracy": [float(v) for v in cls_acc],
+            "class_accuracy": None if cls_acc is None else [float(v) for v in cls_acc],
             "round_seconds": seconds,
             "lr": self.strategy.lr_for(server_round),
             "skipped": bool(info.get("skipped", False)),
@@ -181,7 +195,7 @@ class RoundRecorder:
             "pseudo_label_accuracy_pooled": pooled,
             "pseudo_label_ratio": float(np.mean([c["pseudo_label_ratio"] for c in clients]))
             if clients else None,
-            "class_accuracy_normalised": normalise(cls_acc).tolist(),
+            "class_accuracy_normalised": None if cls_acc is None else normalise(cls_acc).tolist(),
             "federated_evaluation": info.get("federated_evaluation"),
             "timing": info.get("timing"),          # seconds of the round's parts (server side)
         }
@@ -194,11 +208,13 @@ class RoundRecorder:
         eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)
         pl = record["pseudo_label_ratio"]
         val = record["val_accuracy"]
-        print(f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  test acc {acc:.4f}  "
-              + (f"val acc {val:.4f}  " if val is not None else "")
-              + f"loss {loss:.4f}  pl ratio {pl if pl is not None else 0:.2f}  "
-              f"top class {record['top_class_share']:.2f}  "
-              f"{seconds:.1f}s/round  eta {eta:.0f}s"
+        scores = (f"test acc {acc:.4f}  " + (f"val acc {val:.4f}  " if val is not None else "")
+                  + f"loss {loss:.4f}  " if acc is not None else "(not evaluated: eval.every)  ")
+        top = record["top_class_share"]
+        print(f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  {scores}"
+              f"pl ratio {pl if pl is not None else 0:.2f}  "
+              + (f"top class {top:.2f}  " if top is not None else "")
+              + f"{seconds:.1f}s/round  eta {eta:.0f}s"
               + ("  SKIPPED" if record["skipped"] else ""), flush=True)
 
     def state(self) -> dict[str, Any]:
@@ -242,9 +258,12 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Headline figures of a run's rounds: final test accuracy, test accuracy at the round of best
     validation accuracy (model selection without the test set; the first such round on ties),
     best test accuracy over rounds (for reference only), and the collapse signal: the final
-    model's, and the largest top-class share over all rounds and over the second half of them."""
+    model's, and the largest top-class share over all rounds and over the second half of them.
+    Only the rounds evaluated count (all of them unless eval.every > 1; the last always is)."""
+    rounds = len(history)
+    history = [r for r in history if r.get("test_accuracy") is not None]
     if not history:
-        return {"final_test_accuracy": None, "rounds": 0}
+        return {"final_test_accuracy": None, "rounds": rounds}
     accs = [r["test_accuracy"] for r in history]
     best = int(np.argmax(accs))
     vals = [r.get("val_accuracy") for r in history]
@@ -263,5 +282,6 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "max_top_class_share": max(shares) if shares else None,
         "max_top_class_share_late": max(late) if late else None,
         "collapsed": bool(history[-1].get("collapsed", False)),
-        "rounds": len(accs),
+        "rounds": rounds,
+        "evaluated_rounds": len(accs),
     }

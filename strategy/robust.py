@@ -66,12 +66,41 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
 
 
+def flat_updates(global_arrays: dict[str, np.ndarray],
+                 client_arrays: list[dict[str, np.ndarray]], keys: list[str]) -> np.ndarray:
+    """Row m: client m's update over `keys`, flattened into float32 (written in place)."""
+    sizes = [global_arrays[k].size for k in keys]
+    flat = np.empty((len(client_arrays), sum(sizes)), dtype=np.float32)
+    for row, a in zip(flat, client_arrays):
+        offset = 0
+        for k, size in zip(keys, sizes):
+            np.subtract(a[k].ravel(), global_arrays[k].ravel(), out=row[offset:offset + size],
+                        casting="same_kind")
+            offset += size
+    return flat
+
+
+def sort_rows(flat: np.ndarray) -> np.ndarray:
+    """np.sort(flat, axis=0); for a round's few clients an odd-even transposition network of
+    elementwise min/max over whole rows, 3-4x faster than numpy's strided sort (same values)."""
+    if flat.shape[0] > 16:
+        return np.sort(flat, axis=0)
+    rows = flat.copy()
+    n = rows.shape[0]
+    for p in range(n):
+        for j in range(p % 2, n - 1, 2):
+            low = np.minimum(rows[j], rows[j + 1])
+            np.maximum(rows[j], rows[j + 1], out=rows[j + 1])
+            rows[j] = low
+    return rows
+
+
 def leave_one_out_medians(flat: np.ndarray) -> np.ndarray:
     """Row m: the coordinate-wise median of all rows but m (n >= 3), from one sort. Leaving out a
     value below, at or above the middle of the sorted values picks which neighbours of the middle
     remain (ties give the same value whichever is picked)."""
     n, h = flat.shape[0], flat.shape[0] // 2
-    s = np.sort(flat, axis=0)
+    s = sort_rows(flat)
     if n % 2 == 0:                                   # n - 1 left, odd: one middle value
         return np.where(flat >= s[h], s[h - 1], s[h])
     above, below, both = 0.5 * (s[h] + s[h + 1]), 0.5 * (s[h - 1] + s[h]), 0.5 * (s[h - 1] + s[h + 1])
@@ -84,9 +113,7 @@ def median_agreement(global_arrays: dict[str, np.ndarray],
     clients' updates. Leaving the client out matters: a sign-flipped update pulls the median of
     all five towards itself (measured: its cosine with that median was positive in half of the
     rounds, while with the others' median it points against them)."""
-    keys = float_keys(global_arrays)
-    flat = np.stack([np.concatenate([(a[k] - global_arrays[k]).ravel().astype(np.float32)
-                                     for k in keys]) for a in client_arrays])
+    flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
     ref = leave_one_out_medians(flat)                # float32: a threshold's input, half the sort
     dots = np.einsum("ij,ij->i", flat, ref, dtype=np.float64)
     norms = np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64)

@@ -197,10 +197,26 @@ def test_the_leave_one_out_medians_are_the_medians_of_the_others():
     from strategy.robust import leave_one_out_medians
 
     rng = np.random.default_rng(0)
-    for n in (3, 4, 5, 6, 7, 10):
+    for n in (3, 4, 5, 6, 7, 10, 16, 17, 20):        # 17 and more: numpy's sort, not the network
         for x in (rng.normal(size=(n, 300)), rng.integers(0, 3, size=(n, 300)).astype(float)):
             expected = np.stack([np.median(np.delete(x, m, axis=0), axis=0) for m in range(n)])
             assert np.array_equal(leave_one_out_medians(x), expected), n
+
+
+def test_the_flat_updates_are_the_concatenated_differences():
+    from strategy.robust import flat_updates, sort_rows
+
+    rng = np.random.default_rng(1)
+    g = {"a": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5)}   # float64
+    clients = [{k: (v + rng.normal(size=v.shape)).astype(v.dtype) for k, v in g.items()}
+               for _ in range(4)]
+    flat = flat_updates(g, clients, ["a", "b"])
+    expected = np.stack([np.concatenate([(c[k] - g[k]).ravel().astype(np.float32)
+                                         for k in ("a", "b")]) for c in clients])
+    assert flat.dtype == np.float32 and np.array_equal(flat, expected)
+    for n in (1, 2, 9, 16):
+        x = rng.normal(size=(n, 50)).astype(np.float32)
+        assert np.array_equal(sort_rows(x), np.sort(x, axis=0))
 
 
 def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():

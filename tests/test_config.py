@@ -47,6 +47,7 @@ def test_paper_presets(name):
     ({"overrides": "partition.delta=-0.3"}, "`partition.delta`: -0.3; allowed: a number > 0"),
     ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
     ({"overrides": "eval.threads=0"}, "`eval.threads`: 0; allowed: auto, or an integer >= 1"),
+    ({"overrides": "eval.every=0"}, "`eval.every`: 0; allowed: an integer >= 1"),
     ({"num-server-rounds": 0}, "`num_rounds`: 0"),
     ({"overrides": "fl.always_sample=[25]"}, "`fl.always_sample`: [25]; allowed: a list of "
                                              "partition ids in [0, fl.num_clients), e.g. [0]"),

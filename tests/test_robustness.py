@@ -72,6 +72,31 @@ def test_overlapped_rounds_give_the_same_run(baseline, small_npz, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_evaluation_cadence_records_every_round_and_trains_the_same_run(baseline, small_npz,
+                                                                           tmp_path):
+    """eval.every=3: rounds 3 and 4 (the last) are evaluated, 1 and 2 recorded without
+    accuracies; training, the final model and the summary's figures of those rounds unchanged."""
+    run_dir = run_server(tmp_path / "every3", small_npz, overrides=OVERRIDES + " eval.every=3")
+    got, base = records(run_dir), records(baseline)
+    assert [r["round"] for r in got] == [1, 2, 3, 4]
+    assert [r["evaluated"] for r in got] == [False, False, True, True]
+    assert all(r["test_accuracy"] is None and r["class_accuracy"] is None for r in got[:2])
+    for r, b in zip(got[2:], base[2:]):
+        assert r["test_accuracy"] == b["test_accuracy"] and r["val_accuracy"] == b["val_accuracy"]
+    no_js = lambda recs: [[{k: v for k, v in c.items() if not k.startswith("js_")}  # noqa: E731
+                           for c in r["clients"]] for r in recs]
+    assert no_js(got) == no_js(base)            # JS needs the last round's class accuracy
+    assert got[0]["clients"] == base[0]["clients"] and got[2]["js_divergence"] is None
+    a = torch.load(run_dir / "final_model.pt", weights_only=True)
+    b = torch.load(baseline / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == ROUNDS and summary["evaluated_rounds"] == 2
+    assert summary["final_test_accuracy"] == base[-1]["test_accuracy"]
+    assert summary["best_round"] in (3, 4)      # the best of the rounds evaluated
+    assert [s for s, _ in tensorboard_scalars(run_dir, "test/accuracy")] == [3, 4]
+
+
 def test_fewer_nodes_than_clients_give_the_same_run(baseline, small_npz, tmp_path):
     """Two nodes for six clients (Flower's default simulation): each instruction names its
     partition, a node trains whichever it is sent, and the run is the one-node-per-client run."""

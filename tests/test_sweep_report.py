@@ -121,7 +121,8 @@ def fake_run(root, name, method, seed, accs, extra=(), delta=0.3, dataset="mnist
     for r, acc in enumerate(accs, 1):
         k = 10
         lines.append(json.dumps({
-            "round": r, "test_accuracy": acc, "class_accuracy": list(np.linspace(0, 1, k) * acc),
+            "round": r, "test_accuracy": acc,           # None: not evaluated (eval.every)
+            "class_accuracy": None if acc is None else list(np.linspace(0, 1, k) * acc),
             "pseudo_label_accuracy": 0.5 + 0.01 * r, "pseudo_label_ratio": 0.1 * r,
             "js_divergence": 0.3 / r, "js_divergence_labeled": 0.6,
             "dma": {"weight_entropy": 1.0 + 0.01 * r, "weights": [0.2] * 5, "loss_weights": 0.01,
@@ -172,6 +173,17 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
         assert png.stat().st_size > 20_000, name
         img = mpimg.imread(png)
         assert img.std() > 0.05 and img.shape[0] > 300, name                # not blank
+
+
+def test_report_reads_runs_evaluated_every_few_rounds(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs, "a", "fixmatch", 0, [None, 0.6, None, 0.9, 0.8], extra=["eval.every=2"])
+    out = tmp_path / "rep"
+    assert report.main([str(runs), "--out", str(out)]) == 0
+    row = next(csv.DictReader((out / "results.csv").open()))
+    assert float(row["final_mean"]) == pytest.approx(80.0)
+    assert float(row["best_mean"]) == pytest.approx(90.0)
+    assert (out / "convergence.png").stat().st_size > 20_000
 
 
 def test_report_names_runs_by_the_paper_rows():
