@@ -11,9 +11,10 @@ attacks (client_app/attacks.py, switched on here through node_config and FEDDB_T
 never by a run-config). FedDB is the victim, except for inflated sizes, which only matter to n_m/N
 weighting (FixMatch with server.weighting=samples). For each attack, final test accuracy: clean /
 attacked with no defence (dma.cap=null, server.sizes=reported, server.robust.clip=null,
-server.robust.min_cosine=null) / with the defaults but no agreement filter / with the defaults.
-Then the honest checks: FedDB seeds 0-2 with the defaults against no defence and against no
-agreement filter; the other methods (seed 0) with and without the filter; the opt-in loss check.
+server.robust.min_cosine=null, server.robust.loss_check=null) / with the defaults but neither the
+agreement filter nor the loss check / with the defaults. Then the honest checks: FedDB seeds 0-2
+with the defaults against no defence and against neither filter; the other methods (seed 0) with
+and without them; the loss check alone, testing every update.
 Complete runs are skipped, so an interrupted benchmark resumes; the table goes to <out>/attacks.md.
 """
 
@@ -36,14 +37,17 @@ SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_
 HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
           "forced": "node 0 of 20, in every round of 5"}
 UNDEFENDED = (" dma.cap=null server.sizes=reported server.robust.clip=null"
-              " server.robust.min_cosine=null")
-NO_FILTER = " server.robust.min_cosine=null"     # the defaults without the agreement filter
+              " server.robust.min_cosine=null server.robust.loss_check=null")
+# the defaults without the agreement filter and the loss check: the cap, trusted sizes, norm bound
+NO_FILTER = " server.robust.min_cosine=null server.robust.loss_check=null"
 SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
           "scaled_update": ("feddb", ""), "sign_flip": ("feddb", ""), "nan": ("feddb", "")}
 HONEST_SEEDS = (0, 1, 2)
 OTHER_METHODS = ("fedavg", "fixmatch", "semifl", "fedmatch", "fedrgd")   # honest, seed 0
-LOSS_CHECK = NO_FILTER + " server.robust.loss_check=0.02"   # the other opt-in defence
+# the loss check alone, testing every update (LFR as published) instead of the two least agreeing
+LOSS_CHECK = (" server.robust.min_cosine=null server.robust.loss_check=0.02"
+              " server.robust.loss_check_candidates=null")
 
 
 def plan() -> list[dict]:
@@ -72,7 +76,7 @@ def plan() -> list[dict]:
              for seed in HONEST_SEEDS[1:]]
     runs += [run(f"clean-loss-check/feddb/s{seed}", "feddb", LOSS_CHECK, seed=seed)
              for seed in HONEST_SEEDS]
-    for method in OTHER_METHODS:          # what the agreement filter costs the other methods
+    for method in OTHER_METHODS:          # what the two filters cost the other methods
         runs += [run(f"clean/{method}/s0", method, ""),
                  run(f"clean-nofilter/{method}/s0", method, NO_FILTER)]
     return runs
@@ -106,7 +110,7 @@ def mean_interval(d: list[float]) -> str:
 def table(out: Path, federation: str = "forced") -> str:
     """The benchmark's tables; runs not complete yet show as `not run`."""
     lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
-             "attacked, defaults but no agreement filter | attacked, defaults | defaults − clean |",
+             "attacked, defaults but no filter or loss check | attacked, defaults | defaults − clean |",
              "|---|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
         tag = method + ("-samples" if extra else "")
@@ -126,7 +130,8 @@ def table(out: Path, federation: str = "forced") -> str:
         "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
                          "clean-undefended/feddb/s{s}", "no defence"),
         "", honest_table(out, "FedDB, no attack: defaults vs the defaults without the agreement "
-                         "filter", "clean/feddb/s{s}", "clean-nofilter/feddb/s{s}", "no filter"),
+                         "filter and the loss check", "clean/feddb/s{s}",
+                         "clean-nofilter/feddb/s{s}", "no filters"),
         "", other_methods_table(out), "", loss_check_table(out), "",
         honest_weights(done) if done else ""])
 
@@ -147,11 +152,11 @@ def honest_table(out: Path, title: str, a: str, b: str, b_name: str) -> str:
 
 
 def other_methods_table(out: Path) -> str:
-    """What the agreement filter (a default for every method) costs the other methods' honest
-    runs, seed 0, with the rounds where it dropped an honest update."""
+    """What the agreement filter and the loss check (defaults for every method) cost the other
+    methods' honest runs, seed 0, with the rounds where they dropped an honest update."""
     lines = ["Honest runs of the other methods, seed 0: defaults vs the defaults without the "
-             "agreement filter", "", "| method | defaults | no filter | difference | rounds with "
-             "an update dropped |", "|---|---|---|---|---|"]
+             "agreement filter and the loss check", "", "| method | defaults | no filters | "
+             "difference | rounds with an update dropped |", "|---|---|---|---|---|"]
     for m in OTHER_METHODS:
         x, y = final(out / f"clean/{m}/s0"), final(out / f"clean-nofilter/{m}/s0")
         diff = f"{100 * (x - y):+.2f}" if x is not None and y is not None else "not run"
@@ -164,21 +169,23 @@ def dropped_rounds(run_dir: Path) -> str:
     if not f.is_file():
         return "not run"
     rows = [json.loads(line) for line in f.read_text().splitlines()]
-    hit = sum(bool((r.get("robust") or {}).get("dropped")) for r in rows)
+    hit = sum(bool((r.get("robust") or {}).get("dropped") or (r.get("robust") or {}).get(
+        "loss_dropped")) for r in rows)
     return f"{hit} of {len(rows)}"
 
 
 def loss_check_table(out: Path) -> str:
-    """The opt-in loss check (in place of the agreement filter) against the sign flip, against the
-    level of node 0 being absent (the NaN run: its reply dropped every round), and what it costs
-    honest runs."""
+    """The loss check alone, testing every update (LFR as published; no agreement filter),
+    against the sign flip, against the level of node 0 being absent (the NaN run: its reply
+    dropped every round), and what it costs honest runs."""
     others = other_seeds(out, "sign_flip/loss-check-s{s}")
     return "\n".join([
         f"Sign flip with `{LOSS_CHECK.strip()}`: {pct(final(out / 'sign_flip/loss-check'))} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}; clean "
         f"{pct(final(out / 'clean/feddb/s0'))})" + (f"; {others}" if others else "") + ".", "",
-        honest_table(out, "FedDB, no attack: the defaults vs the loss check",
-                     "clean/feddb/s{s}", "clean-loss-check/feddb/s{s}", "the loss check")])
+        honest_table(out, "FedDB, no attack: the defaults vs the loss check alone, every update "
+                     "tested", "clean/feddb/s{s}", "clean-loss-check/feddb/s{s}",
+                     "the loss check alone")])
 
 
 def honest_weights(run_dirs: list[Path]) -> str:

@@ -229,6 +229,10 @@ def validate(cfg: dict[str, Any]) -> None:
              "a number in [0, 2], or null")
     _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
+    cands = rb.get("loss_check_candidates")
+    _require(cands is None or (isinstance(cands, int) and not isinstance(cands, bool)
+                               and cands >= 1),
+             "server.robust.loss_check_candidates", cands, "an integer >= 1, or null (all)")
     _require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,
              "server.robust.loss_check_size", rb["loss_check_size"], "an integer >= 1")
     _require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],

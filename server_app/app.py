@@ -154,8 +154,9 @@ def main(grid: Grid, context: Context) -> None:
         if recorder.has_val:
             strategy.audit = recorder.audit_loss
         else:
-            print("[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has "
-                  "no validation split to check updates on (set dataset.val_size > 0)", flush=True)
+            print("[feddb] WARNING: server.robust.loss_check (a default defence) is off in this "
+                  "run: the dataset has no validation split to check updates on (set "
+                  "dataset.val_size > 0, or server.robust.loss_check=null)", flush=True)
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1

@@ -386,6 +386,7 @@ class WeightedAverage(FedAvg):
                     "norm)", self.last_round.get("round"), len(info["clipped"]),
                     info["norm_bound"], rb["clip"])
         keep = list(range(len(client_arrays)))
+        cos = None
         if rb["min_cosine"] is not None and len(client_arrays) > 2:
             cos = robust.median_agreement(self.global_arrays, client_arrays)
             keep = robust.agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
@@ -397,9 +398,16 @@ class WeightedAverage(FedAvg):
                     self.last_round.get("round"), diag["dropped"], rb["min_cosine"],
                     rb["min_cosine_margin"])
         if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:
+            tested = None                  # the least agreeing of those kept, or all
+            if rb.get("loss_check_candidates") is not None:
+                if cos is None:
+                    cos = robust.median_agreement(self.global_arrays, client_arrays)
+                    diag["cosines"] = cos.tolist()
+                order = np.argsort(cos[keep], kind="stable")
+                tested = order[:rb["loss_check_candidates"]].tolist()
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],
-                                          self.audit, rb["loss_check"])
+                                          self.audit, rb["loss_check"], tested)
             info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
             diag.update(info)
             if info["loss_dropped"]:
@@ -488,16 +496,13 @@ class Stopwatch:
 def gradient_diversity(global_arrays: dict[str, np.ndarray],
                        client_arrays: list[dict[str, np.ndarray]]) -> float | None:
     """sum_k |D_k|^2 / |sum_k D_k|^2 over the trainable arrays (FedRGD's Eq. 1); None if all
-    updates cancel or nobody moved."""
+    updates cancel or nobody moved. The updates in float32, the sums in float64."""
     keys = [k for k, v in global_arrays.items()
             if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)]
-    sum_sq, total = 0.0, {k: 0.0 for k in keys}
-    for arrays in client_arrays:
-        for k in keys:
-            d = arrays[k].astype(np.float64) - global_arrays[k]
-            sum_sq += float(np.vdot(d, d))
-            total[k] = total[k] + d
-    denom = sum(float(np.vdot(t, t)) for t in total.values())
+    flat = robust.flat_updates(global_arrays, client_arrays, keys)
+    sum_sq = float(np.einsum("ij,ij->", flat, flat, dtype=np.float64))
+    total = flat.sum(axis=0, dtype=np.float64)
+    denom = float(np.dot(total, total))
     return sum_sq / denom if denom > 0 else None
 
 

@@ -12,7 +12,10 @@
   "Local model poisoning attacks to Byzantine-robust federated learning", with a threshold in
   place of a fixed count: drop an update when the weighted average without it has a validation
   loss (the server's own split) lower by more than r x the loss of the average with everyone.
-  At most (m - 1) // 2 updates go, the most harmful first.
+  At most (m - 1) // 2 updates go, the most harmful first. With `loss_check_candidates` = k only
+  the k updates that agree least (lowest cosine above) are tested: k + 1 evaluations a round
+  instead of m + 1 (a sign-flipped update was the least agreeing in 70-88 % of rounds and among
+  the two least in 83-95 %, measured in `feddb attacks`' runs).
 - Rules (`server.robust.rule`): `mean` (the weighted average: DMA's or n_m/N weights), `median`
   and `trimmed_mean` (coordinate-wise; they have no weights, so DMA cannot steer them), `krum` and
   `multikrum` (keep the clients closest to their neighbours, then the weighted average over them,
@@ -40,12 +43,24 @@ def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
     return [k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating)]
 
 
+def flat_updates(global_arrays: dict[str, np.ndarray],
+                 client_arrays: list[dict[str, np.ndarray]], keys: list[str]) -> np.ndarray:
+    """Row m: client m's update over `keys`, flattened into float32 (written in place)."""
+    sizes = [global_arrays[k].size for k in keys]
+    flat = np.empty((len(client_arrays), sum(sizes)), dtype=np.float32)
+    for row, a in zip(flat, client_arrays):
+        offset = 0
+        for k, size in zip(keys, sizes):
+            np.subtract(a[k].ravel(), global_arrays[k].ravel(), out=row[offset:offset + size],
+                        casting="same_kind")
+            offset += size
+    return flat
+
+
 def update_norms(global_arrays: dict[str, np.ndarray],
                  client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
-    keys = float_keys(global_arrays)
-    return np.array([np.sqrt(sum(float(np.vdot(d, d)) for d in
-                                 (a[k].astype(np.float64) - global_arrays[k] for k in keys)))
-                     for a in client_arrays])
+    flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
+    return np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64))
 
 
 def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
@@ -64,20 +79,6 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
                         ).astype(v.dtype) if k in global_arrays and
                     np.issubdtype(v.dtype, np.floating) else v for k, v in a.items()})
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
-
-
-def flat_updates(global_arrays: dict[str, np.ndarray],
-                 client_arrays: list[dict[str, np.ndarray]], keys: list[str]) -> np.ndarray:
-    """Row m: client m's update over `keys`, flattened into float32 (written in place)."""
-    sizes = [global_arrays[k].size for k in keys]
-    flat = np.empty((len(client_arrays), sum(sizes)), dtype=np.float32)
-    for row, a in zip(flat, client_arrays):
-        offset = 0
-        for k, size in zip(keys, sizes):
-            np.subtract(a[k].ravel(), global_arrays[k].ravel(), out=row[offset:offset + size],
-                        casting="same_kind")
-            offset += size
-    return flat
 
 
 def sort_rows(flat: np.ndarray) -> np.ndarray:
@@ -146,10 +147,11 @@ def weighted_mean(old: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
 
 def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
                weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
-               tol: float) -> tuple[list[int], dict[str, Any]]:
-    """LFR with threshold `tol`: the clients kept and, per client, the relative loss change
-    (L_all - L_without_m) / L_all (> 0: the average is worse with m). Weights are renormalised to
-    their total over each subset; what they leave stays on the global model, as in the update."""
+               tol: float, candidates: list[int] | None = None) -> tuple[list[int], dict[str, Any]]:
+    """LFR with threshold `tol`: the clients kept and, per client tested (`candidates`, or all),
+    the relative loss change (L_all - L_without_m) / L_all (> 0: the average is worse with m;
+    None: not tested). Weights are renormalised to their total over each subset; what they leave
+    stays on the global model, as in the update."""
     n = len(client_arrays)
     weights = np.asarray(weights, dtype=np.float64)
     total = float(weights.sum())
@@ -161,13 +163,17 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
                 for k, g in global_arrays.items()}
 
     everyone = list(range(n))
+    tested = everyone if candidates is None else sorted(candidates)
     base = loss_fn(average(everyone))
-    impact = np.array([(base - loss_fn(average([j for j in everyone if j != i])))
-                       / max(abs(base), 1e-12) for i in everyone])
-    worst = [int(i) for i in np.argsort(-impact, kind="stable") if impact[i] > tol]
+    impact = np.full(n, np.nan)
+    for i in tested:
+        impact[i] = (base - loss_fn(average([j for j in everyone if j != i]))) / max(abs(base), 1e-12)
+    worst = [int(i) for i in np.argsort(-np.nan_to_num(impact, nan=-np.inf), kind="stable")
+             if impact[i] > tol]
     dropped = sorted(worst[:(n - 1) // 2])
     return [i for i in everyone if i not in dropped], {
-        "loss_all": base, "loss_impact": impact.tolist(), "loss_dropped": dropped}
+        "loss_all": base, "loss_impact": [None if np.isnan(v) else float(v) for v in impact],
+        "loss_dropped": dropped}
 
 
 def krum_select(client_arrays: list[dict[str, np.ndarray]], num_malicious: int,

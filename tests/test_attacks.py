@@ -18,8 +18,8 @@ BASE = ("fl.num_clients=5 fl.fraction_train=1.0 dataset.num_labeled=500 train.mo
         "train.local_epochs=1 train.local_steps=10 train.lr=0.1 train.tau=0.6 train.warmup_rounds=0 "
         "model.norm=gn fl.node_wait=0 checkpoint.every=0 server.momentum=0")
 UNDEFENDED = ("dma.cap=null server.sizes=reported server.robust.clip=null "
-              "server.robust.min_cosine=null")
-NO_FILTER = "server.robust.min_cosine=null"
+              "server.robust.min_cosine=null server.robust.loss_check=null")
+NO_FILTER = "server.robust.min_cosine=null server.robust.loss_check=null"
 
 
 def run(tmp_path, name, data, method, attack=None, extra="", rounds=2):
@@ -241,13 +241,27 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
     # a majority is never dropped, however the threshold is set
     keep, info = loss_check(g, honest + [flipped], np.full(5, 0.2), loss, -10.0)
     assert len(keep) == 3
+    # only the candidates are tested: 1 + 2 evaluations; an update not tested stays
+    calls = []
+    counted = lambda arrays: calls.append(1) or loss(arrays)          # noqa: E731
+    keep, info = loss_check(g, honest + [flipped], np.full(5, 0.2), counted, 0.02, [4, 2])
+    assert keep == [0, 1, 2, 3] and len(calls) == 3
+    assert [v is None for v in info["loss_impact"]] == [True, True, False, True, False]
+    keep, info = loss_check(g, honest + [flipped], np.full(5, 0.2), loss, 0.02, [0, 1])
+    assert keep == [0, 1, 2, 3, 4] and info["loss_dropped"] == []
 
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
-    rounds = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip",
-                 f"dataset.val_size=200 server.robust.loss_check=0.02 {NO_FILTER}", rounds=3)
+    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip",
+               "dataset.val_size=200 server.robust.min_cosine=null server.robust.loss_check=0.02 "
+               "server.robust.loss_check_candidates=null", rounds=3)
+    assert all(r["robust"]["loss_dropped"] == [0] for r in full)
+    assert all(None not in r["robust"]["loss_impact"] for r in full)
+    # the default: only the two least agreeing updates are tested, and the flipped one is one
+    rounds = run(tmp_path, "lfr2", small_npz, "feddb", "sign_flip",
+                 "dataset.val_size=200 server.robust.min_cosine=null", rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in rounds)
-    assert all(len(r["robust"]["loss_impact"]) == 5 for r in rounds)
+    assert all(sum(v is not None for v in r["robust"]["loss_impact"]) == 2 for r in rounds)
     assert all(0 not in r["robust"]["selected"] for r in rounds)
     off = run(tmp_path, "lfr-off", small_npz, "feddb", "sign_flip",
               f"dataset.val_size=200 {NO_FILTER}", rounds=3)
@@ -271,15 +285,15 @@ def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
         (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
         (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
     text = table(tmp_path)
-    assert ("Sign flip with `server.robust.min_cosine=null server.robust.loss_check=0.02`: 87.10 "
-            "(node 0 absent") in text
+    assert ("Sign flip with `server.robust.min_cosine=null server.robust.loss_check=0.02 "
+            "server.robust.loss_check_candidates=null`: 87.10 (node 0 absent") in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
     # runs not complete yet show as such; the seeds complete so far are paired
     for gone in ("sign_flip/defaults", "clean-loss-check/feddb/s2", "clean-undefended/feddb/s1"):
         (tmp_path / gone / "summary.json").unlink()
     text = table(tmp_path)
     assert "| sign_flip | feddb | 94.00 | 94.00 | 94.00 | not run | not run |" in text
-    assert "| 1 | " not in text.split("without the agreement filter, final")[0]   # not paired
+    assert "| 1 | " not in text.split("without the agreement filter and the loss check, final")[0]   # not paired
     assert "+0.00 [nan, nan] (1 seeds)" not in text and "(2 seeds)" in text
 
 
