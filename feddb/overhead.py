@@ -3,6 +3,7 @@
     .venv/bin/feddb overhead                 # about 3 minutes on 2 CPU cores
     .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
     .venv/bin/feddb overhead --eval-every 5  # the central evaluation every 5 rounds (eval.every)
+    .venv/bin/feddb overhead --eval-every 20 --no-defences   # the plumbing alone
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
 each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
@@ -131,12 +132,15 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) 
     return json.loads(out.read_text())
 
 
+NO_DEFENCES = "server.robust.clip=null server.robust.min_cosine=null server.robust.loss_check=null"
+
+
 def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,
-            eval_every: int = 1) -> list[dict]:
+            eval_every: int = 1, defences: bool = True) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = (f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-                 f" eval.every={eval_every}")
+                 f" eval.every={eval_every}" + ("" if defences else " " + NO_DEFENCES))
     from fssl.data import embedded_candidates
 
     data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
@@ -197,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="let Flower start Ray in each run instead of the launcher's Ray head")
     ap.add_argument("--eval-every", type=int, default=1, metavar="N",
                     help="the project's eval.every: central evaluation every N rounds (default 1)")
+    ap.add_argument("--no-defences", action="store_true",
+                    help="without the server's defences (norm bound, agreement filter, loss "
+                         f"check): {NO_DEFENCES}")
     args = ap.parse_args(argv)
     workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.mkdir()
         t0 = time.perf_counter()
-        records = project(args.rounds, tmp, profile, not args.flower_ray, args.eval_every)
+        records = project(args.rounds, tmp, profile, not args.flower_ray, args.eval_every,
+                          not args.no_defences)
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
         shapes = model_shapes()
@@ -220,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             ("server's own work, overlapping the clients' (next round's instructions go out "
              "first)", p["server_work"]),
             ("  configure (instructions)", p["configure"]),
-            ("  aggregation (DMA, norm bound, momentum)", p["aggregate"]),
+            ("  aggregation (DMA, defences" + (" off" if args.no_defences else "")
+             + ", momentum)", p["aggregate"]),
             (f"  central evaluation (test + validation), every {args.eval_every} round(s)",
              p["evaluate"]),
             ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
