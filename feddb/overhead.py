@@ -162,7 +162,7 @@ def split(records: list[dict], workers: int) -> dict[str, float]:
     clients = lambda key: mean(lambda r: sum(c.get(key) or 0.0 for c in r["clients"]))  # noqa: E731
     part = {k: mean(lambda r, k=k: r["timing"].get(k, 0.0))
             for k in ("configure", "communicate", "aggregate", "evaluate",
-                      "record_previous_round", "checkpoint_previous_round")}
+                      "record_previous_round", "checkpoint_previous_round", "loss_check")}
     part.update({"round": mean(lambda r: r["round_seconds"]),
                  "client_setup_sum": clients("setup_seconds"),
                  "client_pass_sum": clients("train_seconds"),
@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             ("  configure (instructions)", p["configure"]),
             ("  aggregation (DMA, defences" + (" off" if args.no_defences else "")
              + ", momentum)", p["aggregate"]),
+            ("    of which the loss check (m + 1 evaluations of 500 validation images)",
+             p["loss_check"]),
             (f"  central evaluation (test + validation), every {args.eval_every} round(s)",
              p["evaluate"]),
             ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),

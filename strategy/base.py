@@ -98,6 +98,7 @@ class WeightedAverage(FedAvg):
         # the validation loss of a candidate global model (server.robust.loss_check), set by the
         # ServerApp from its validation split
         self.audit: Callable[[dict[str, np.ndarray]], float] | None = None
+        self.loss_check_seconds = 0.0              # this round's, part of its aggregation
 
     def set_partition_sizes(self, labeled: list[int], unlabeled: list[int]) -> None:
         """The sizes of the server's own partition (`server.sizes=partition`)."""
@@ -221,7 +222,9 @@ class WeightedAverage(FedAvg):
                 clock.lap("federated_evaluate")
             # seconds of this round's parts (the recorder adds its own); a round's checkpoint
             # comes after its record is written, so each record carries the previous round's
-            self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous}
+            self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous,
+                                         "loss_check": self.loss_check_seconds}
+            self.loss_check_seconds = 0.0
             done = self.last_round
             if server_round < last and overlap:
                 pending = self.push_train(grid, server_round + 1, arrays)
@@ -405,9 +408,11 @@ class WeightedAverage(FedAvg):
                     diag["cosines"] = cos.tolist()
                 order = np.argsort(cos[keep], kind="stable")
                 tested = order[:rb["loss_check_candidates"]].tolist()
+            t0 = time.perf_counter()
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],
                                           self.audit, rb["loss_check"], tested)
+            self.loss_check_seconds = time.perf_counter() - t0      # part of "aggregate"
             info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
             diag.update(info)
             if info["loss_dropped"]:

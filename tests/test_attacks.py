@@ -160,11 +160,14 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
     assert (cos[:4] > 0).all() and cos[4] < 0
 
 
-def test_a_sign_flip_is_dropped_by_the_default_agreement_filter(attacks_on, small_npz, tmp_path):
-    """The defaults (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped update
-    has the lowest cosine with the median of the others, and goes once it stands out below the
-    round's median cosine; the same node honest is never dropped."""
-    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", rounds=4)
+FILTER = "server.robust.min_cosine=-0.1 server.robust.loss_check=null"
+
+
+def test_a_sign_flip_is_dropped_by_the_agreement_filter(attacks_on, small_npz, tmp_path):
+    """The opt-in filter (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped
+    update has the lowest cosine with the median of the others, and goes once it stands out below
+    the round's median cosine; the same node honest is never dropped."""
+    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", FILTER, rounds=4)
     for r in rounds:
         cos = r["robust"]["cosines"]
         assert cos[0] == min(cos) < -0.1
@@ -172,7 +175,7 @@ def test_a_sign_flip_is_dropped_by_the_default_agreement_filter(attacks_on, smal
         assert (0 in r["robust"]["dropped"]) == stands_out, cos
         assert r["robust"]["dropped"] in ([], [0])
     assert rounds[-1]["robust"]["dropped"] == [0] and 0 not in rounds[-1]["robust"]["selected"]
-    honest = run(tmp_path, "honest", small_npz, "feddb", None, rounds=4)
+    honest = run(tmp_path, "honest", small_npz, "feddb", None, FILTER, rounds=4)
     assert all(0 not in r["robust"]["dropped"] for r in honest)
 
 
@@ -252,14 +255,12 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
 
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
-    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip",
-               "dataset.val_size=200 server.robust.min_cosine=null server.robust.loss_check=0.02 "
-               "server.robust.loss_check_candidates=null", rounds=3)
-    assert all(r["robust"]["loss_dropped"] == [0] for r in full)
+    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", "dataset.val_size=200", rounds=3)
+    assert all(r["robust"]["loss_dropped"] == [0] for r in full)         # the defaults
     assert all(None not in r["robust"]["loss_impact"] for r in full)
-    # the default: only the two least agreeing updates are tested, and the flipped one is one
+    # testing only the two least agreeing updates: the flipped one is one of them
     rounds = run(tmp_path, "lfr2", small_npz, "feddb", "sign_flip",
-                 "dataset.val_size=200 server.robust.min_cosine=null", rounds=3)
+                 "dataset.val_size=200 server.robust.loss_check_candidates=2", rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in rounds)
     assert all(sum(v is not None for v in r["robust"]["loss_impact"]) == 2 for r in rounds)
     assert all(0 not in r["robust"]["selected"] for r in rounds)
@@ -269,31 +270,34 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
     assert rounds[-1]["val_loss"] < off[-1]["val_loss"]
 
 
-def test_the_attack_benchmark_table_reports_the_loss_check(tmp_path):
-    """`feddb attacks` plans the opt-in loss check runs and reports them against the level of
-    node 0 being absent (the NaN run) and against honest runs with the defaults."""
+def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
+    """`feddb attacks` plans the opt-in agreement filter's runs and reports them against the
+    level of node 0 being absent (the NaN run) and against honest runs with the defaults."""
     from feddb.attackbench import plan, table
 
     runs = plan()
     dirs = {r["dir"] for r in runs}
-    assert {"sign_flip/loss-check", "clean-loss-check/feddb/s2"} <= dirs
-    assert all("loss_check=0.02" in r["extra"] for r in runs if "loss-check" in r["dir"])
+    assert {"sign_flip/filter", "sign_flip/filter-s2", "clean-filter/feddb/s2"} <= dirs
+    assert all("min_cosine=-0.1 server.robust.loss_check=null" in r["extra"]
+               for r in runs if "filter" in r["dir"])
+    assert all("loss_check" not in r["extra"] for r in runs if r["dir"].endswith("defaults"))
     for i, r in enumerate(runs):
         d = tmp_path / r["dir"]
         d.mkdir(parents=True)
-        acc = {"sign_flip/loss-check": 0.871, "nan/defaults": 0.871}.get(r["dir"], 0.94)
+        acc = {"sign_flip/filter": 0.871, "nan/defaults": 0.871}.get(r["dir"], 0.94)
         (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
         (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
     text = table(tmp_path)
-    assert ("Sign flip with `server.robust.min_cosine=null server.robust.loss_check=0.02 "
-            "server.robust.loss_check_candidates=null`: 87.10 (node 0 absent") in text
+    assert ("Sign flip with `server.robust.min_cosine=-0.1 server.robust.loss_check=null` in "
+            "place of the loss check: seed 0 87.10 (clean 94.00, -6.90); seed 1 94.00") in text
+    assert "(node 0 absent, its data lost: 87.10)" in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
     # runs not complete yet show as such; the seeds complete so far are paired
-    for gone in ("sign_flip/defaults", "clean-loss-check/feddb/s2", "clean-undefended/feddb/s1"):
+    for gone in ("sign_flip/defaults", "clean-filter/feddb/s2", "clean-undefended/feddb/s1"):
         (tmp_path / gone / "summary.json").unlink()
     text = table(tmp_path)
     assert "| sign_flip | feddb | 94.00 | 94.00 | 94.00 | not run | not run |" in text
-    assert "| 1 | " not in text.split("without the agreement filter and the loss check, final")[0]   # not paired
+    assert "| 1 | " not in text.split("without the loss check, final")[0]   # not paired
     assert "+0.00 [nan, nan] (1 seeds)" not in text and "(2 seeds)" in text
 
 

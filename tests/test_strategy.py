@@ -217,11 +217,12 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
     rec = {"round_seconds": 1.0, "clients": [{"setup_seconds": 0.1, "train_seconds": 0.4,
                                                "reply_seconds": 0.05}] * 4,
            "timing": {"configure": 0.01, "communicate": 0.3, "aggregate": 0.1, "evaluate": 0.5,
-                      "record_previous_round": 0.02, "checkpoint_previous_round": 0.03}}
+                      "record_previous_round": 0.02, "checkpoint_previous_round": 0.03,
+                      "loss_check": 0.07}}            # a part of "aggregate"
     part = split([rec] * 4, workers=2)
     assert part["client_pass_critical"] == pytest.approx(0.8)
     assert part["overhead"] == pytest.approx(0.2)
-    assert part["server_work"] == pytest.approx(0.66)
+    assert part["server_work"] == pytest.approx(0.66) and part["loss_check"] == pytest.approx(0.07)
     (tmp_path / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
     (tmp_path / "floorapp.py").write_text(FLOOR_APP.format(nodes=20, per_round=10))
     for ref in ("floorapp:server", "floorapp:client"):
