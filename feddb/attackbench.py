@@ -1,6 +1,6 @@
 """The attack benchmark: one malicious client of five in every round, on MNIST-10k.
 
-    feddb attacks --out runs/attacks_forced   # 42 runs, about 2-3 min each here; resumable
+    feddb attacks --out runs/attacks_forced   # 48 runs, about 2-3 min each here; resumable
     feddb attacks --out runs/attacks_forced --part 0/2  &  ... --part 1/2   # two processes
     feddb attacks --federation five --out runs/attacks_five     # 5 clients, all every round
     feddb attacks --federation default --out runs/attacks20     # the quick preset's federation
@@ -11,10 +11,10 @@ attacks (client_app/attacks.py, switched on here through node_config and FEDDB_T
 never by a run-config). FedDB is the victim, except for inflated sizes, which only matter to n_m/N
 weighting (FixMatch with server.weighting=samples). For each attack, final test accuracy: clean /
 attacked with no defence (dma.cap=null, server.sizes=reported, server.robust.clip=null,
-server.robust.loss_check=null) / with the defaults but no loss check / with the defaults. Then the
-honest checks: FedDB seeds 0-2 with the defaults against no defence and against no loss check; the
-other methods (seed 0) with and without the loss check; the opt-in agreement filter in place of
-the loss check (sign flip and honest, seeds 0-2).
+server.robust.min_cosine=null, server.robust.loss_check=null) / with the defaults but neither the
+agreement filter nor the loss check / with the defaults. Then the honest checks: FedDB seeds 0-2
+with the defaults against no defence and against neither filter; the other methods (seed 0) with
+and without them; each filter alone (sign flip and honest, seeds 0-2).
 Complete runs are skipped, so an interrupted benchmark resumes; the table goes to <out>/attacks.md.
 """
 
@@ -38,9 +38,10 @@ HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when dra
           "forced": "node 0 of 20, in every round of 5"}
 UNDEFENDED = (" dma.cap=null server.sizes=reported server.robust.clip=null"
               " server.robust.min_cosine=null server.robust.loss_check=null")
-NO_LOSS_CHECK = " server.robust.loss_check=null"   # the defaults without the loss check
-# the opt-in agreement filter in place of the loss check (the defaults before the loss check)
-FILTER = " server.robust.min_cosine=-0.1 server.robust.loss_check=null"
+# the defaults without the two filters of updates: the cap, trusted sizes and the norm bound stay
+NO_FILTERS = " server.robust.min_cosine=null server.robust.loss_check=null"
+FILTER = " server.robust.loss_check=null"        # the agreement filter alone (no evaluations)
+LOSS_CHECK = " server.robust.min_cosine=null"    # the loss check alone
 SAMPLES = " server.weighting=samples"
 VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
           "scaled_update": ("feddb", ""), "sign_flip": ("feddb", ""), "nan": ("feddb", "")}
@@ -61,22 +62,23 @@ def plan() -> list[dict]:
             if method == "feddb":
                 runs += [run(f"clean-undefended/{tag}/s{seed}", method, extra + UNDEFENDED,
                              seed=seed),
-                         run(f"clean-no-loss-check/{tag}/s{seed}", method, extra + NO_LOSS_CHECK,
+                         run(f"clean-no-filters/{tag}/s{seed}", method, extra + NO_FILTERS,
                              seed=seed)]
     for attack, (method, extra) in VICTIM.items():
-        for kind, more in (("undefended", UNDEFENDED), ("no-loss-check", NO_LOSS_CHECK),
+        for kind, more in (("undefended", UNDEFENDED), ("no-filters", NO_FILTERS),
                            ("defaults", "")):
             if not (attack == "nan" and kind == "undefended"):   # rejected by the reply check
                 runs.append(run(f"{attack}/{kind}", method, extra + more, attack))
     runs += [run(f"sign_flip/defaults-s{seed}", "feddb", "", "sign_flip", seed)
              for seed in HONEST_SEEDS[1:]]    # the attack on seeds the defaults were not set on
-    # the agreement filter, the cheaper opt-in defence, in place of the loss check
-    runs += [run("sign_flip/filter" + (f"-s{seed}" if seed else ""), "feddb", FILTER, "sign_flip",
-                 seed) for seed in HONEST_SEEDS]
-    runs += [run(f"clean-filter/feddb/s{seed}", "feddb", FILTER, seed=seed) for seed in HONEST_SEEDS]
-    for method in OTHER_METHODS:          # what the loss check costs the other methods
+    for kind, more in (("filter", FILTER), ("loss-check", LOSS_CHECK)):   # each filter alone
+        runs += [run(f"sign_flip/{kind}" + (f"-s{seed}" if seed else ""), "feddb", more,
+                     "sign_flip", seed) for seed in HONEST_SEEDS]
+        runs += [run(f"clean-{kind}/feddb/s{seed}", "feddb", more, seed=seed)
+                 for seed in HONEST_SEEDS]
+    for method in OTHER_METHODS:          # what the two filters cost the other methods
         runs += [run(f"clean/{method}/s0", method, ""),
-                 run(f"clean-no-loss-check/{method}/s0", method, NO_LOSS_CHECK)]
+                 run(f"clean-no-filters/{method}/s0", method, NO_FILTERS)]
     return runs
 
 
@@ -108,7 +110,8 @@ def mean_interval(d: list[float]) -> str:
 def table(out: Path, federation: str = "forced") -> str:
     """The benchmark's tables; runs not complete yet show as `not run`."""
     lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
-             "attacked, defaults but no loss check | attacked, defaults | defaults − clean |",
+             "attacked, defaults without the filter and the loss check | attacked, defaults | "
+             "defaults − clean |",
              "|---|---|---|---|---|---|---|"]
     for attack, (method, extra) in VICTIM.items():
         tag = method + ("-samples" if extra else "")
@@ -119,7 +122,7 @@ def table(out: Path, federation: str = "forced") -> str:
                else "not run")
         lines.append(f"| {attack} | {tag} | {pct(clean)} | "
                      f"{pct(hit) if attack != 'nan' else 'rejected (same as defaults)'} | "
-                     f"{pct(final(out / f'{attack}/no-loss-check'))} | {pct(held)} | {gap} |")
+                     f"{pct(final(out / f'{attack}/no-filters'))} | {pct(held)} | {gap} |")
     rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
     done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
     lines += ["", "Sign flip with the defaults on the other seeds: "
@@ -127,9 +130,11 @@ def table(out: Path, federation: str = "forced") -> str:
     return "\n".join(lines + [
         "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
                          "clean-undefended/feddb/s{s}", "no defence"),
-        "", honest_table(out, "FedDB, no attack: defaults vs the defaults without the loss check",
-                         "clean/feddb/s{s}", "clean-no-loss-check/feddb/s{s}", "no loss check"),
-        "", other_methods_table(out), "", filter_table(out), "",
+        "", honest_table(out, "FedDB, no attack: defaults vs the defaults without the agreement "
+                         "filter and the loss check", "clean/feddb/s{s}",
+                         "clean-no-filters/feddb/s{s}", "no filters"),
+        "", other_methods_table(out), "", alone_table(out, "filter", FILTER), "",
+        alone_table(out, "loss-check", LOSS_CHECK), "",
         honest_weights(done) if done else ""])
 
 
@@ -149,13 +154,13 @@ def honest_table(out: Path, title: str, a: str, b: str, b_name: str) -> str:
 
 
 def other_methods_table(out: Path) -> str:
-    """What the loss check (a default for every method) costs the other methods' honest runs,
-    seed 0, with the rounds where it dropped an honest update."""
+    """What the agreement filter and the loss check (defaults for every method) cost the other
+    methods' honest runs, seed 0, with the rounds where they dropped an honest update."""
     lines = ["Honest runs of the other methods, seed 0: defaults vs the defaults without the "
-             "loss check", "", "| method | defaults | no loss check | difference | rounds with "
-             "an update dropped |", "|---|---|---|---|---|"]
+             "agreement filter and the loss check", "", "| method | defaults | no filters | "
+             "difference | rounds with an update dropped |", "|---|---|---|---|---|"]
     for m in OTHER_METHODS:
-        x, y = final(out / f"clean/{m}/s0"), final(out / f"clean-no-loss-check/{m}/s0")
+        x, y = final(out / f"clean/{m}/s0"), final(out / f"clean-no-filters/{m}/s0")
         diff = f"{100 * (x - y):+.2f}" if x is not None and y is not None else "not run"
         lines.append(f"| {m} | {pct(x)} | {pct(y)} | {diff} | {dropped_rounds(out / f'clean/{m}/s0')} |")
     return "\n".join(lines)
@@ -171,20 +176,20 @@ def dropped_rounds(run_dir: Path) -> str:
     return f"{hit} of {len(rows)}"
 
 
-def filter_table(out: Path) -> str:
-    """The opt-in agreement filter in place of the loss check (no validation split needed, no
-    evaluations): against the sign flip on the three seeds, against node 0 being absent (the NaN
-    run: its reply dropped every round), and what it costs honest runs."""
-    flips = [(s, final(out / ("sign_flip/filter" + (f"-s{s}" if s else "")))) for s in HONEST_SEEDS]
+def alone_table(out: Path, kind: str, overrides: str) -> str:
+    """One of the two filters alone (`filter`: no evaluations; `loss-check`: no cosines) against
+    the sign flip on the three seeds, against node 0 being absent (the NaN run: its reply dropped
+    every round), and what it changes in honest runs."""
+    flips = [(s, final(out / (f"sign_flip/{kind}" + (f"-s{s}" if s else ""))))
+             for s in HONEST_SEEDS]
     text = "; ".join(f"seed {s} {pct(x)} (clean {pct(c)}, {100 * (x - c):+.2f})"
                      for s, x in flips if x is not None
                      and (c := final(out / f"clean/feddb/s{s}")) is not None)
     return "\n".join([
-        f"Sign flip with `{FILTER.strip()}` in place of the loss check: {text or 'not run'} "
+        f"Sign flip with `{overrides.strip()}` ({kind} alone): {text or 'not run'} "
         f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}).", "",
-        honest_table(out, "FedDB, no attack: the defaults vs the agreement filter in place of the "
-                     "loss check", "clean/feddb/s{s}", "clean-filter/feddb/s{s}",
-                     "the filter")])
+        honest_table(out, f"FedDB, no attack: the defaults vs the {kind} alone",
+                     "clean/feddb/s{s}", f"clean-{kind}/feddb/s{{s}}", f"{kind} alone")])
 
 
 def honest_weights(run_dirs: list[Path]) -> str:

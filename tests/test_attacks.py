@@ -160,11 +160,11 @@ def test_the_agreement_filter_drops_an_update_against_the_median():
     assert (cos[:4] > 0).all() and cos[4] < 0
 
 
-FILTER = "server.robust.min_cosine=-0.1 server.robust.loss_check=null"
+FILTER = "server.robust.loss_check=null"         # the agreement filter alone
 
 
 def test_a_sign_flip_is_dropped_by_the_agreement_filter(attacks_on, small_npz, tmp_path):
-    """The opt-in filter (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped
+    """The default filter (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped
     update has the lowest cosine with the median of the others, and goes once it stands out below
     the round's median cosine; the same node honest is never dropped."""
     rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", FILTER, rounds=4)
@@ -255,12 +255,13 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
 
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
-    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", "dataset.val_size=200", rounds=3)
-    assert all(r["robust"]["loss_dropped"] == [0] for r in full)         # the defaults
+    alone = "dataset.val_size=200 server.robust.min_cosine=null"          # the loss check alone
+    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", alone, rounds=3)
+    assert all(r["robust"]["loss_dropped"] == [0] for r in full)
     assert all(None not in r["robust"]["loss_impact"] for r in full)
     # testing only the two least agreeing updates: the flipped one is one of them
     rounds = run(tmp_path, "lfr2", small_npz, "feddb", "sign_flip",
-                 "dataset.val_size=200 server.robust.loss_check_candidates=2", rounds=3)
+                 f"{alone} server.robust.loss_check_candidates=2", rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in rounds)
     assert all(sum(v is not None for v in r["robust"]["loss_impact"]) == 2 for r in rounds)
     assert all(0 not in r["robust"]["selected"] for r in rounds)
@@ -278,9 +279,11 @@ def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
     runs = plan()
     dirs = {r["dir"] for r in runs}
     assert {"sign_flip/filter", "sign_flip/filter-s2", "clean-filter/feddb/s2"} <= dirs
-    assert all("min_cosine=-0.1 server.robust.loss_check=null" in r["extra"]
-               for r in runs if "filter" in r["dir"])
-    assert all("loss_check" not in r["extra"] for r in runs if r["dir"].endswith("defaults"))
+    assert all(r["extra"] == " server.robust.loss_check=null" for r in runs
+               if r["dir"].startswith(("sign_flip/filter", "clean-filter")))
+    assert all(r["extra"] == " server.robust.min_cosine=null" for r in runs
+               if r["dir"].startswith(("sign_flip/loss-check", "clean-loss-check")))
+    assert all("robust" not in r["extra"] for r in runs if "defaults" in r["dir"])
     for i, r in enumerate(runs):
         d = tmp_path / r["dir"]
         d.mkdir(parents=True)
@@ -288,8 +291,8 @@ def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
         (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
         (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
     text = table(tmp_path)
-    assert ("Sign flip with `server.robust.min_cosine=-0.1 server.robust.loss_check=null` in "
-            "place of the loss check: seed 0 87.10 (clean 94.00, -6.90); seed 1 94.00") in text
+    assert ("Sign flip with `server.robust.loss_check=null` (filter alone): seed 0 87.10 (clean "
+            "94.00, -6.90); seed 1 94.00") in text
     assert "(node 0 absent, its data lost: 87.10)" in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
     # runs not complete yet show as such; the seeds complete so far are paired
@@ -297,7 +300,7 @@ def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
         (tmp_path / gone / "summary.json").unlink()
     text = table(tmp_path)
     assert "| sign_flip | feddb | 94.00 | 94.00 | 94.00 | not run | not run |" in text
-    assert "| 1 | " not in text.split("without the loss check, final")[0]   # not paired
+    assert "| 1 | " not in text.split("without the agreement filter and the loss check, final")[0]
     assert "+0.00 [nan, nan] (1 seeds)" not in text and "(2 seeds)" in text
 
 
