@@ -30,10 +30,13 @@ PROJECT = Path(__file__).resolve().parents[1]
 # five: the benchmark; default: the quick preset's own federation (20 clients, 10 a round), where
 # node 0 is drawn in about half of the rounds and is then 1 of 10
 SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
-                    "fl.min_train_clients=1 checkpoint.every=0{extra}'",
-            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
+                    "fl.min_train_clients=1 checkpoint.every=0{always}{extra}'",
+            "default": "experiment='quick' overrides='checkpoint.every=0{always}{extra}'",
             "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
-                      "checkpoint.every=0{extra}'"}
+                      "checkpoint.every=0{always}{extra}'"}
+# a node that attacks is a deployment's threat: the loss check, on by default only where the nodes
+# are SuperNodes, is in scope here as it would be there
+ALWAYS = " server.robust.loss_check_scope=always"
 HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
           "forced": "node 0 of 20, in every round of 5"}
 UNDEFENDED = (" dma.cap=null server.sizes=reported server.robust.clip=null"
@@ -69,8 +72,10 @@ def plan() -> list[dict]:
                            ("defaults", "")):
             if not (attack == "nan" and kind == "undefended"):   # rejected by the reply check
                 runs.append(run(f"{attack}/{kind}", method, extra + more, attack))
-    runs += [run(f"sign_flip/defaults-s{seed}", "feddb", "", "sign_flip", seed)
-             for seed in HONEST_SEEDS[1:]]    # the attack on seeds the defaults were not set on
+    runs += [run(f"{attack}/defaults-s{seed}", "feddb", "", attack, seed)
+             for attack in ("sign_flip", "nan") for seed in HONEST_SEEDS[1:]]
+    # the attack on seeds the defaults were not set on; NaN: node 0's replies all rejected, i.e.
+    # the run without node 0's data, which is the best any defence can do against node 0
     for kind, more in (("filter", FILTER), ("loss-check", LOSS_CHECK)):   # each filter alone
         runs += [run(f"sign_flip/{kind}" + (f"-s{seed}" if seed else ""), "feddb", more,
                      "sign_flip", seed) for seed in HONEST_SEEDS]
@@ -139,8 +144,10 @@ def table(out: Path, federation: str = "forced") -> str:
 
 
 def other_seeds(out: Path, attacked: str) -> str:
-    """`seed 1 x (clean y, x - y); seed 2 ...` for the attacked runs on seeds 1-2 complete so far."""
-    return "; ".join(f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f})"
+    """`seed 1 x (clean y, x - y; node 0 absent z); seed 2 ...` for the attacked runs on seeds 1-2
+    complete so far; node 0 absent: the NaN run of that seed (its replies all rejected)."""
+    return "; ".join(f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f}; node 0 absent "
+                     f"{pct(final(out / f'nan/defaults-s{s}'))})"
                      for s, x, y in paired(out, attacked, "clean/feddb/s{s}") if s)
 
 
@@ -245,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[attacks] {i}/{len(runs)} {r['dir']}", flush=True)
         rc = parse_run_config(f"method='{r['method']}' seed={r['seed']} output-dir='{run_dir}' "
-                              + SETTINGS[args.federation].format(extra=r["extra"]))
+                              + SETTINGS[args.federation].format(always=ALWAYS, extra=r["extra"]))
         run_in_process(rc, node_config={0: {"attack": r["attack"]}} if r["attack"] else None)
     missing = [r["dir"] for r in runs if not complete(out / r["dir"])]
     if missing and not args.table:

@@ -229,6 +229,10 @@ def validate(cfg: dict[str, Any]) -> None:
              "a number in [0, 2], or null")
     _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
+    _require(rb.get("loss_check_scope", "deployment") in ("deployment", "always"),
+             "server.robust.loss_check_scope", rb.get("loss_check_scope"), "deployment, always")
+    _require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
+             rb.get("loss_check_scale"), "lr, none")
     cands = rb.get("loss_check_candidates")
     _require(cands is None or (isinstance(cands, int) and not isinstance(cands, bool)
                                and cands >= 1),

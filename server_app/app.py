@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -113,6 +114,23 @@ def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None
     return 1 if device.type == "cpu" and type(grid).__name__ == "InMemoryGrid" else None
 
 
+def simulated(grid: Grid) -> bool:
+    """Whether the nodes are this app's own ClientApps run by the user (Flower's simulation, the
+    in-process runner) rather than SuperNodes that may be other people's machines."""
+    return type(grid).__name__ in ("InMemoryGrid", "LocalGrid")
+
+
+def loss_check_on(robust: dict[str, Any], grid: Grid) -> bool:
+    """`server.robust.loss_check` applies: set, and in scope (`deployment`: SuperNodes only)."""
+    return robust["loss_check"] is not None and (robust.get("loss_check_scope") == "always"
+                                                 or not simulated(grid))
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @app.main()
 @profiled("server")
 def main(grid: Grid, context: Context) -> None:
@@ -150,9 +168,15 @@ def main(grid: Grid, context: Context) -> None:
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
-    if cfg["server"]["robust"]["loss_check"] is not None:
+    robust = cfg["server"]["robust"]
+    if robust["loss_check"] is not None and not loss_check_on(robust, grid):
+        print("[feddb] the loss check is off in this simulation (server.robust.loss_check_scope="
+              "deployment: the clients are this app's own; =always turns it on)", flush=True)
+    if loss_check_on(robust, grid):
         if recorder.has_val:
             strategy.audit = recorder.audit_loss
+            if threads == 1 and device.type == "cpu":     # a simulation: the clients wait idle
+                strategy.audit_workers = cores()          # while the server aggregates
         else:
             print("[feddb] WARNING: server.robust.loss_check (a default defence) is off in this "
                   "run: the dataset has no validation split to check updates on (set "

@@ -3,8 +3,10 @@ lines, summary."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import queue
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ class RoundRecorder:
         self.t_start = self.t_last
         self.write_seconds = 0.0
         self.tb = None                     # TensorBoard writer, opened at the first round written
+        self.audit_models: queue.SimpleQueue[torch.nn.Module] = queue.SimpleQueue()
 
     def tensorboard(self, record: dict[str, Any]) -> None:
         """Scalars of one round in run_dir/tensorboard (`tensorboard --logdir runs/`)."""
@@ -107,11 +110,19 @@ class RoundRecorder:
 
     def audit_loss(self, arrays: dict[str, np.ndarray]) -> float:
         """Validation loss of a candidate global model on the split's first
-        `server.robust.loss_check_size` images (the loss check of strategy/robust.py)."""
+        `server.robust.loss_check_size` images (the loss check of strategy/robust.py).
+        Thread-safe: each call takes a model of its own from a pool (copies of the global one)."""
         n = self.cfg["server"]["robust"]["loss_check_size"]
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-        return evaluate(self.model, self.x_val[:n], self.y_val[:n], self.ds.mean, self.ds.std,
-                        self.cfg["eval"]["batch_size"], self.fast)[0]
+        try:
+            model = self.audit_models.get_nowait()
+        except queue.Empty:
+            model = copy.deepcopy(self.model)
+        try:
+            model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
+            return evaluate(model, self.x_val[:n], self.y_val[:n], self.ds.mean, self.ds.std,
+                            self.cfg["eval"]["batch_size"], self.fast)[0]
+        finally:
+            self.audit_models.put(model)
 
     def due(self, server_round: int) -> bool:
         """Round t's global model is evaluated: every `eval.every` rounds, round 0 and the last."""

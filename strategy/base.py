@@ -99,6 +99,7 @@ class WeightedAverage(FedAvg):
         # ServerApp from its validation split
         self.audit: Callable[[dict[str, np.ndarray]], float] | None = None
         self.loss_check_seconds = 0.0              # this round's, part of its aggregation
+        self.audit_workers = 1                     # candidates the loss check evaluates at once
 
     def set_partition_sizes(self, labeled: list[int], unlabeled: list[int]) -> None:
         """The sizes of the server's own partition (`server.sizes=partition`)."""
@@ -155,6 +156,17 @@ class WeightedAverage(FedAvg):
     def lr_for(self, server_round: int) -> float:
         tr = self.cfg["train"]
         return cosine_lr(tr["lr"], server_round, self.cfg["num_rounds"], tr["lr_schedule"])
+
+    def loss_tolerance(self, server_round: int | None) -> float:
+        """The loss check's fraction for round t: `server.robust.loss_check`, times lr_t / lr_0
+        with `loss_check_scale: lr` (an update's effect on the loss is proportional to its step,
+        to first order, so a fixed fraction lets harmful updates through once the steps are
+        small: measured, a sign flip passed in the last rounds of a cosine schedule)."""
+        rb = self.cfg["server"]["robust"]
+        tol = float(rb["loss_check"])
+        if rb.get("loss_check_scale", "lr") == "lr" and server_round is not None:
+            tol *= self.lr_for(server_round) / float(self.cfg["train"]["lr"])
+        return tol
 
     def lambda_u_for(self, server_round: int) -> float:
         """Unlabeled loss weight of round t: 0 during the warm-up rounds, lambda_u after."""
@@ -408,17 +420,18 @@ class WeightedAverage(FedAvg):
                     diag["cosines"] = cos.tolist()
                 order = np.argsort(cos[keep], kind="stable")
                 tested = order[:rb["loss_check_candidates"]].tolist()
+            tol = self.loss_tolerance(self.last_round.get("round"))
             t0 = time.perf_counter()
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],
-                                          self.audit, rb["loss_check"], tested)
+                                          self.audit, tol, tested, self.audit_workers)
             self.loss_check_seconds = time.perf_counter() - t0      # part of "aggregate"
             info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
-            diag.update(info)
+            diag.update(info, loss_tolerance=tol)
             if info["loss_dropped"]:
                 log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
-                    "validation loss is lower by more than %s of it", self.last_round.get("round"),
-                    info["loss_dropped"], rb["loss_check"])
+                    "validation loss is lower by more than %.3g of it",
+                    self.last_round.get("round"), info["loss_dropped"], tol)
             keep = [keep[i] for i in sub]
         if rb["rule"] in ("krum", "multikrum"):
             f = rb["num_malicious"]

@@ -28,6 +28,7 @@ selection live inside strategy methods, so the few lines are written here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -147,11 +148,13 @@ def weighted_mean(old: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
 
 def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
                weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
-               tol: float, candidates: list[int] | None = None) -> tuple[list[int], dict[str, Any]]:
+               tol: float, candidates: list[int] | None = None,
+               workers: int = 1) -> tuple[list[int], dict[str, Any]]:
     """LFR with threshold `tol`: the clients kept and, per client tested (`candidates`, or all),
     the relative loss change (L_all - L_without_m) / L_all (> 0: the average is worse with m;
     None: not tested). Weights are renormalised to their total over each subset; what they leave
-    stays on the global model, as in the update."""
+    stays on the global model, as in the update. `workers` > 1: the candidate averages are
+    built and evaluated on that many threads at once (`loss_fn` must then be thread-safe)."""
     n = len(client_arrays)
     weights = np.asarray(weights, dtype=np.float64)
     total = float(weights.sum())
@@ -164,10 +167,17 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
 
     everyone = list(range(n))
     tested = everyone if candidates is None else sorted(candidates)
-    base = loss_fn(average(everyone))
+    subsets = [everyone] + [[j for j in everyone if j != i] for i in tested]
+    evaluate = lambda idx: loss_fn(average(idx))                     # noqa: E731
+    if workers > 1:
+        with ThreadPoolExecutor(min(workers, len(subsets))) as pool:
+            losses = list(pool.map(evaluate, subsets))
+    else:
+        losses = [evaluate(idx) for idx in subsets]
+    base = losses[0]
     impact = np.full(n, np.nan)
-    for i in tested:
-        impact[i] = (base - loss_fn(average([j for j in everyone if j != i]))) / max(abs(base), 1e-12)
+    for i, loss in zip(tested, losses[1:]):
+        impact[i] = (base - loss) / max(abs(base), 1e-12)
     worst = [int(i) for i in np.argsort(-np.nan_to_num(impact, nan=-np.inf), kind="stable")
              if impact[i] > tol]
     dropped = sorted(worst[:(n - 1) // 2])

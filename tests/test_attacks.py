@@ -254,12 +254,70 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
     assert keep == [0, 1, 2, 3, 4] and info["loss_dropped"] == []
 
 
+def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path):
+    """`workers` > 1 evaluates the candidates at once (the server's idle cores in a simulation);
+    the recorder's audit loss is thread-safe: the same values as one after another."""
+    import threading
+
+    import torch
+
+    from fssl.config import resolve
+    from fssl.methods import make_model
+    from fssl.runtime import dataset_for
+    from server_app.recorder import RoundRecorder
+    from strategy import make_strategy
+    from strategy.robust import loss_check
+
+    cfg, _ = resolve({"dataset": "npz", "data-path": str(small_npz),
+                      "overrides": "dataset.val_size=200"})
+    ds = dataset_for(cfg)
+    torch.manual_seed(0)
+    model = make_model(cfg, ds.num_classes, ds.image_shape[0])
+    rec = RoundRecorder(cfg, ds, model, make_strategy(cfg, ds.num_classes), tmp_path,
+                        torch.device("cpu"))
+    g = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    updates = [{k: (v + 0.05 * rng.normal(size=v.shape)).astype(v.dtype)
+                if np.issubdtype(v.dtype, np.floating) else v for k, v in g.items()}
+               for _ in range(5)]
+    one = loss_check(g, updates, np.full(5, 0.2), rec.audit_loss, 0.0)
+    calls = []
+    counted = lambda a: calls.append(threading.get_ident()) or rec.audit_loss(a)   # noqa: E731
+    many = loss_check(g, updates, np.full(5, 0.2), counted, 0.0, workers=3)
+    assert one == many and len(calls) == 6 and len(set(calls)) > 1
+
+
+def test_the_loss_check_tolerance_shrinks_with_the_step():
+    """Every update's effect on the loss is proportional to its step (first order), so with the
+    steps 100 times smaller a fixed fraction keeps a flipped update and the fraction scaled by
+    the step (lr_t / lr_0, `loss_check_scale: lr`) still drops it."""
+    from strategy.robust import loss_check
+
+    rng = np.random.default_rng(1)
+    target = rng.normal(size=40)
+    g = {"w": np.zeros(40, np.float64)}
+    steps = [0.3 * target + 0.1 * rng.normal(size=40) for _ in range(4)]
+    loss = lambda arrays: float(np.sum((arrays["w"] - 0.5 * target) ** 2))   # noqa: E731
+    for scale in (1.0, 0.01):
+        honest = [{"w": scale * s} for s in steps]
+        updates = honest + [{"w": -honest[1]["w"]}]
+        fixed = loss_check(g, updates, np.full(5, 0.2), loss, 0.02)[1]["loss_dropped"]
+        scaled = loss_check(g, updates, np.full(5, 0.2), loss, 0.02 * scale)[1]["loss_dropped"]
+        assert scaled == [4]
+        assert fixed == ([4] if scale == 1.0 else [])
+
+
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
-    alone = "dataset.val_size=200 server.robust.min_cosine=null"          # the loss check alone
+    # the loss check alone, in scope on the in-process grid (a simulation) as in a deployment
+    alone = ("dataset.val_size=200 server.robust.min_cosine=null "
+             "server.robust.loss_check_scope=always")
     full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", alone, rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in full)
     assert all(None not in r["robust"]["loss_impact"] for r in full)
     assert all(0 not in r["robust"]["selected"] for r in full)
+    # the round's fraction: 0.02 x lr_t / lr_0 under the cosine schedule
+    assert all(r["robust"]["loss_tolerance"] == pytest.approx(0.02 * r["lr"] / 0.1) for r in full)
+    assert full[-1]["lr"] < 0.1
     # testing only the two least agreeing updates (lowest cosine with the others' median): the
     # flipped one goes whenever it is one of them (rounds 1-2 here; not round 3)
     rounds = run(tmp_path, "lfr2", small_npz, "feddb", "sign_flip",
@@ -273,6 +331,10 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
               f"dataset.val_size=200 {NO_FILTER}", rounds=3)
     assert all("loss_dropped" not in r["robust"] for r in off)
     assert full[-1]["val_loss"] < off[-1]["val_loss"]
+    # by default (`loss_check_scope: deployment`) a simulation does not run it
+    sim = run(tmp_path, "lfr-sim", small_npz, "feddb", "sign_flip",
+              alone.replace("server.robust.loss_check_scope=always", ""), rounds=1)
+    assert "loss_dropped" not in sim[0]["robust"] and "loss_impact" not in sim[0]["robust"]
 
 
 def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
@@ -282,7 +344,8 @@ def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
 
     runs = plan()
     dirs = {r["dir"] for r in runs}
-    assert {"sign_flip/filter", "sign_flip/filter-s2", "clean-filter/feddb/s2"} <= dirs
+    assert {"sign_flip/filter", "sign_flip/filter-s2", "clean-filter/feddb/s2",
+            "nan/defaults-s1", "nan/defaults-s2"} <= dirs
     assert all(r["extra"] == " server.robust.loss_check=null" for r in runs
                if r["dir"].startswith(("sign_flip/filter", "clean-filter")))
     assert all(r["extra"] == " server.robust.min_cosine=null" for r in runs
@@ -291,13 +354,15 @@ def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
     for i, r in enumerate(runs):
         d = tmp_path / r["dir"]
         d.mkdir(parents=True)
-        acc = {"sign_flip/filter": 0.871, "nan/defaults": 0.871}.get(r["dir"], 0.94)
+        acc = {"sign_flip/filter": 0.871, "nan/defaults": 0.871,
+               "nan/defaults-s2": 0.93}.get(r["dir"], 0.94)
         (d / "summary.json").write_text(json.dumps({"final_test_accuracy": acc}))
         (d / "metrics.jsonl").write_text(json.dumps({"dma": {"weights": [0.2] * 5}}) + "\n")
     text = table(tmp_path)
     assert ("Sign flip with `server.robust.loss_check=null` (filter alone): seed 0 87.10 (clean "
             "94.00, -6.90); seed 1 94.00") in text
     assert "(node 0 absent, its data lost: 87.10)" in text
+    assert ("seed 2 94.00 (clean 94.00, +0.00; node 0 absent 93.00)") in text
     assert "| 2 | 94.00 | 94.00 | +0.00 |" in text
     # runs not complete yet show as such; the seeds complete so far are paired
     for gone in ("sign_flip/defaults", "clean-filter/feddb/s2", "clean-undefended/feddb/s1"):

@@ -74,11 +74,26 @@ def test_paper_presets(name):
                                                   "number in [-1, 1], or null"),
     ({"overrides": "server.robust.min_cosine_margin=-0.1"},
      "`server.robust.min_cosine_margin`: -0.1; allowed: a number in [0, 2], or null"),
+    ({"overrides": "server.robust.loss_check_scope=never"},
+     "`server.robust.loss_check_scope`: 'never'; allowed: deployment, always"),
+    ({"overrides": "server.robust.loss_check_scale=step"},
+     "`server.robust.loss_check_scale`: 'step'; allowed: lr, none"),
 ])
 def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
                        .replace("[", "\\[").replace(".", "\\.").replace("*", "\\*")):
         compose_from_run_config(rc)
+
+
+def test_the_loss_check_is_in_scope_on_supernodes_by_default_and_in_simulations_on_request():
+    from server_app.app import loss_check_on
+
+    sims = [type(name, (), {})() for name in ("InMemoryGrid", "LocalGrid")]   # by name
+    remote = type("HttpGrid", (), {})()          # a SuperLink's SuperNodes, other machines
+    rb = {"loss_check": 0.02, "loss_check_scope": "deployment"}
+    assert loss_check_on(rb, remote) and not any(loss_check_on(rb, g) for g in sims)
+    assert all(loss_check_on({**rb, "loss_check_scope": "always"}, g) for g in sims + [remote])
+    assert not loss_check_on({**rb, "loss_check": None, "loss_check_scope": "always"}, remote)
 
 
 def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():
