@@ -4,6 +4,7 @@
     .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
     .venv/bin/feddb overhead --eval-every 5  # the central evaluation every 5 rounds (eval.every)
     .venv/bin/feddb overhead --eval-every 20 --no-defences   # the plumbing alone
+    .venv/bin/feddb overhead --loss-check    # with the loss check, on by default on SuperNodes
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
 each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
@@ -135,12 +136,17 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) 
 NO_DEFENCES = "server.robust.clip=null server.robust.min_cosine=null server.robust.loss_check=null"
 
 
+# the loss check runs on SuperNodes by default, not in a simulation: this puts it in scope here
+LOSS_CHECK = "server.robust.loss_check_scope=always"
+
+
 def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,
-            eval_every: int = 1, defences: bool = True) -> list[dict]:
+            eval_every: int = 1, defences: bool = True, loss_check: bool = False) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = (f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-                 f" eval.every={eval_every}" + ("" if defences else " " + NO_DEFENCES))
+                 f" eval.every={eval_every}" + ("" if defences else " " + NO_DEFENCES)
+                 + (" " + LOSS_CHECK if loss_check else ""))
     from fssl.data import embedded_candidates
 
     data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
@@ -204,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-defences", action="store_true",
                     help="without the server's defences (norm bound, agreement filter, loss "
                          f"check): {NO_DEFENCES}")
+    ap.add_argument("--loss-check", action="store_true",
+                    help="with the loss check, a default only on SuperNodes (a deployment's "
+                         f"server work): {LOSS_CHECK}")
     args = ap.parse_args(argv)
+    if args.loss_check and args.no_defences:
+        ap.error("--loss-check and --no-defences contradict each other: choose one")
     workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -213,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             profile.mkdir()
         t0 = time.perf_counter()
         records = project(args.rounds, tmp, profile, not args.flower_ray, args.eval_every,
-                          not args.no_defences)
+                          not args.no_defences, args.loss_check)
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
         shapes = model_shapes()

@@ -227,3 +227,12 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
     (tmp_path / "floorapp.py").write_text(FLOOR_APP.format(nodes=20, per_round=10))
     for ref in ("floorapp:server", "floorapp:client"):
         assert validate(ref, project_dir=tmp_path) == (True, None)
+
+
+def test_overhead_refuses_contradicting_flags(capsys):
+    from feddb.overhead import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--loss-check", "--no-defences"])
+    assert exit_.value.code == 2
+    assert "--loss-check and --no-defences contradict" in capsys.readouterr().err
