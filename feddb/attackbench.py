@@ -31,10 +31,10 @@ PROJECT = Path(__file__).resolve().parents[1]
 # five: the benchmark; default: the quick preset's own federation (20 clients, 10 a round), where
 # node 0 is drawn in about half of the rounds and is then 1 of 10
 SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
-                    "fl.min_train_clients=1 checkpoint.every=0{always}{extra}'",
-            "default": "experiment='quick' overrides='checkpoint.every=0{always}{extra}'",
+                    "fl.min_train_clients=1 checkpoint.every=0{extra}'",
+            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
             "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
-                      "checkpoint.every=0{always}{extra}'"}
+                      "checkpoint.every=0{extra}'"}
 # a node that attacks is a deployment's threat: the loss check, on by default only where the nodes
 # are SuperNodes, is in scope here as it would be there
 ALWAYS = " server.robust.loss_check_scope=always"
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"[attacks] {i}/{len(runs)} {r['dir']}", flush=True)
         rc = parse_run_config(f"method='{r['method']}' seed={r['seed']} output-dir='{run_dir}' "
-                              + SETTINGS[args.federation].format(always=ALWAYS, extra=r["extra"]))
+                              + SETTINGS[args.federation].format(extra=ALWAYS + r["extra"]))
         run_in_process(rc, node_config={0: {"attack": r["attack"]}} if r["attack"] else None)
     missing = [r["dir"] for r in runs if not complete(out / r["dir"])]
     if missing and not args.table:

@@ -169,10 +169,11 @@ def main(grid: Grid, context: Context) -> None:
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
     robust = cfg["server"]["robust"]
-    if robust["loss_check"] is not None and not loss_check_on(robust, grid):
+    checking = loss_check_on(robust, grid)
+    if robust["loss_check"] is not None and not checking:
         print("[feddb] the loss check is off in this simulation (server.robust.loss_check_scope="
               "deployment: the clients are this app's own; =always turns it on)", flush=True)
-    if loss_check_on(robust, grid):
+    if checking:
         if recorder.has_val:
             strategy.audit = recorder.audit_loss
             if threads == 1 and device.type == "cpu":     # a simulation: the clients wait idle
