@@ -15,7 +15,8 @@ server.robust.min_cosine=null, server.robust.loss_check=null) / with the default
 agreement filter nor the loss check / with the defaults. Then the honest checks: FedDB seeds 0-2
 with the defaults against no defence and against neither filter; the other methods (seed 0) with
 and without them; each filter alone (sign flip and honest, seeds 0-2). Every run has
-server.robust.loss_check_scope=always: "the defaults" are a deployment's, where the loss check runs.
+server.robust.loss_check_scope=always: "the defaults" are a deployment's, where the loss check
+runs.
 Complete runs are skipped, so an interrupted benchmark resumes; the table goes to <out>/attacks.md.
 """
 
