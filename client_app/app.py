@@ -18,13 +18,14 @@ from flwr.clientapp import ClientApp
 from client_app.attacks import apply_attack, attack_of
 from fssl.methods import make_trainer
 from fssl.profiling import process_start, profiled
-from fssl.runtime import client_data_for, model_for
+from fssl.runtime import client_data_for, keep_freed_memory, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
 from strategy.base import arrays_to_torch
 
 app = ClientApp()
 IMPORTED_AT = time.time()            # for the start-up timeline (the query reply carries it)
+keep_freed_memory()                  # once per worker process: batches reuse freed memory
 
 
 def _setup(msg: Message, context: Context):

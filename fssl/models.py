@@ -64,9 +64,10 @@ class WideResNet(nn.Module):
 
 class MaxPool2x2(nn.MaxPool2d):
     """2x2 max-pooling, stride 2. Without autograd (evaluation, pseudo-labelling passes) it takes
-    the maximum of the four strided quarter views, which gives the same values: torch's CPU
-    max_pool2d kernel for the default layout was 6x slower than the whole rest of the pooling
-    block (measured, one thread). With autograd it is torch's own, so training is unchanged."""
+    the maximum of row pairs, then of column pairs: the same values, and faster than torch's CPU
+    max_pool2d kernel for the default layout (6x slower than the rest of the pooling block) or
+    the maximum of four strided quarter views (1.2-1.5x; measured, one thread). With autograd it
+    is torch's own, so training is unchanged."""
 
     def __init__(self) -> None:
         super().__init__(2)
@@ -74,9 +75,9 @@ class MaxPool2x2(nn.MaxPool2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dim() != 4:
             return super().forward(x)
-        x = x[:, :, : x.shape[2] // 2 * 2, : x.shape[3] // 2 * 2]     # floor, as max_pool2d
-        return torch.maximum(torch.maximum(x[:, :, 0::2, 0::2], x[:, :, 0::2, 1::2]),
-                             torch.maximum(x[:, :, 1::2, 0::2], x[:, :, 1::2, 1::2]))
+        h, w = x.shape[2] // 2 * 2, x.shape[3] // 2 * 2          # floor, as max_pool2d
+        rows = torch.maximum(x[:, :, 0:h:2], x[:, :, 1:h:2])
+        return torch.maximum(rows[..., 0:w:2], rows[..., 1:w:2])
 
 
 def batch_dependent(model: nn.Module) -> bool:

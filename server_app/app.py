@@ -22,7 +22,7 @@ from fssl.config import resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
 from fssl.profiling import Timeline, profiled
-from fssl.runtime import data_meta, dataset_for, partition_for
+from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
 from fssl.train import resolve_device
 from strategy import WeightedAverage, make_strategy
 from strategy.base import arrays_to_numpy, numpy_to_arrays
@@ -135,6 +135,7 @@ def cores() -> int:
 @profiled("server")
 def main(grid: Grid, context: Context) -> None:
     timeline = Timeline()
+    keep_freed_memory()
     cfg, resume_dir = resolve(dict(context.run_config))
     run_dir = resume_dir or run_dir_for(cfg)
     if resume_dir is None:
@@ -168,6 +169,7 @@ def main(grid: Grid, context: Context) -> None:
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
+    strategy.workers = cores()          # the replies are all in: no client is busy meanwhile
     robust = cfg["server"]["robust"]
     checking = loss_check_on(robust, grid)
     if robust["loss_check"] is not None and not checking:

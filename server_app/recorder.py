@@ -27,6 +27,12 @@ NOT_EVALUATED = dict.fromkeys(("test_loss", "test_accuracy", "val_loss", "val_ac
                                "collapsed", "predicted_histogram", "ece", "mean_confidence"))
 
 
+def deferred(value: Any) -> Any:
+    """A diagnostic the strategy left to compute when the round is recorded (off the critical
+    path), or a value."""
+    return value() if callable(value) else value
+
+
 class RoundRecorder:
     """`evaluate_fn` of Strategy.start: evaluates the global model (on the rounds `due`) and
     appends one JSON line a round."""
@@ -194,7 +200,7 @@ class RoundRecorder:
             "dma": info.get("dma"),
             "robust": info.get("robust"),          # norm bound and rule (strategy/robust.py)
             "strategy": info.get("strategy"),      # strategy=<name>: which one, weights used
-            "gradient_diversity": info.get("gradient_diversity"),
+            "gradient_diversity": deferred(info.get("gradient_diversity")),
             "groups": info.get("groups"),          # FedRGD: partition ids per group
             "helpers": info.get("helpers"),        # FedMatch: helper partition ids per client
             "js_divergence": float(np.mean(js_app)) if js_app else None,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -59,15 +60,15 @@ def flat_updates(global_arrays: dict[str, np.ndarray],
 
 
 def update_norms(global_arrays: dict[str, np.ndarray],
-                 client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
+                 client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> np.ndarray:
     flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
-    return np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64))
+    return np.sqrt(block_sums(sum_squares, flat, workers))
 
 
 def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
-                 c: float) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+                 c: float, workers: int = 1) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
     """Scale every update D_m down to norm <= c x median_m |D_m| (floating arrays only)."""
-    norms = update_norms(global_arrays, client_arrays)
+    norms = update_norms(global_arrays, client_arrays, workers)
     bound = c * float(np.median(norms))
     out, clipped = [], []
     for i, (a, n) in enumerate(zip(client_arrays, norms)):
@@ -82,19 +83,54 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
 
 
-def sort_rows(flat: np.ndarray) -> np.ndarray:
-    """np.sort(flat, axis=0); for a round's few clients an odd-even transposition network of
-    elementwise min/max over whole rows, 3-4x faster than numpy's strided sort (same values)."""
+@lru_cache(maxsize=32)
+def middle_network(n: int) -> tuple[tuple[int, int], ...]:
+    """Comparators (low, high) of Batcher's odd-even merge sort for n inputs, pruned to those
+    that decide the middle outputs h - 1, h, h + 1 (h = n // 2): 29 instead of the transposition
+    network's 45 for 10 clients."""
+    size = 1 << max(n - 1, 1).bit_length()
+    network, p = [], 1
+    while p < size:
+        k = p
+        while k >= 1:
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        network.append((i + j, i + j + k))     # padding (+inf) never moves
+            k //= 2
+        p *= 2
+    needed, kept = {i for i in (n // 2 - 1, n // 2, n // 2 + 1) if 0 <= i < n}, []
+    for low, high in reversed(network):           # backwards: what the needed outputs read
+        if low in needed or high in needed:
+            kept.append((low, high))
+            needed |= {low, high}
+    return tuple(reversed(kept))
+
+
+def middle_rows(flat: np.ndarray) -> list[np.ndarray]:
+    """Rows of np.sort(flat, axis=0); for up to 16 rows only those at h - 1, h, h + 1 are right
+    (the pruned network of elementwise min/max over whole rows)."""
     if flat.shape[0] > 16:
-        return np.sort(flat, axis=0)
-    rows = flat.copy()
-    n = rows.shape[0]
-    for p in range(n):
-        for j in range(p % 2, n - 1, 2):
-            low = np.minimum(rows[j], rows[j + 1])
-            np.maximum(rows[j], rows[j + 1], out=rows[j + 1])
-            rows[j] = low
+        return list(np.sort(flat, axis=0))
+    rows = list(flat)
+    for low, high in middle_network(len(rows)):
+        rows[low], rows[high] = np.minimum(rows[low], rows[high]), np.maximum(rows[low], rows[high])
     return rows
+
+
+def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.where(mask, a, b) for float arrays of one dtype, as bit operations: the same values
+    without np.where's data-dependent branches, which a random mask mispredicts (4x faster for
+    the agreement filter's 10 x 426k updates)."""
+    ints = {4: np.int32, 8: np.int64}.get(a.dtype.itemsize)
+    if ints is None or a.dtype != b.dtype or a.dtype.kind != "f":
+        return np.where(mask, a, b)
+    ai, bi = np.ascontiguousarray(a).view(ints), np.ascontiguousarray(b).view(ints)
+    out = mask.astype(ints)
+    np.negative(out, out=out)                        # all bits set where the mask holds
+    np.bitwise_and(out, ai ^ bi, out=out)
+    np.bitwise_xor(out, bi, out=out)
+    return out.view(a.dtype)
 
 
 def leave_one_out_medians(flat: np.ndarray) -> np.ndarray:
@@ -102,24 +138,51 @@ def leave_one_out_medians(flat: np.ndarray) -> np.ndarray:
     value below, at or above the middle of the sorted values picks which neighbours of the middle
     remain (ties give the same value whichever is picked)."""
     n, h = flat.shape[0], flat.shape[0] // 2
-    s = sort_rows(flat)
+    s = middle_rows(flat)
     if n % 2 == 0:                                   # n - 1 left, odd: one middle value
-        return np.where(flat >= s[h], s[h - 1], s[h])
+        return select(flat >= s[h], s[h - 1], s[h])
     above, below, both = 0.5 * (s[h] + s[h + 1]), 0.5 * (s[h - 1] + s[h]), 0.5 * (s[h - 1] + s[h + 1])
-    return np.where(flat < s[h], above, np.where(flat > s[h], below, both))
+    return select(flat < s[h], above, select(flat > s[h], below, both))
+
+
+def sum_squares(block: np.ndarray) -> np.ndarray:
+    """Per row, Σ x² in float64."""
+    b = block.astype(np.float64)
+    return np.einsum("ij,ij->i", b, b)
+
+
+CHUNK = 16384               # columns per block: 10 clients' block of updates stays in L2 cache
+
+
+def block_sums(fn: Callable[[np.ndarray], np.ndarray], flat: np.ndarray,
+             workers: int = 1) -> np.ndarray:
+    """Σ over column blocks of fn(block): fn gives per-row sums over its block (float64). The
+    blocks are contiguous copies that stay in cache; `workers` > 1 runs them on threads (numpy
+    releases the GIL)."""
+    starts = range(0, flat.shape[1], CHUNK)
+    part = lambda s: fn(np.ascontiguousarray(flat[:, s:s + CHUNK]))   # noqa: E731
+    if workers > 1 and len(starts) > 1:
+        with ThreadPoolExecutor(min(workers, len(starts))) as pool:
+            return sum(pool.map(part, starts))
+    return sum(map(part, starts))
 
 
 def median_agreement(global_arrays: dict[str, np.ndarray],
-                     client_arrays: list[dict[str, np.ndarray]]) -> np.ndarray:
+                     client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> np.ndarray:
     """Cosine similarity of each client's update with the coordinate-wise median of the OTHER
     clients' updates. Leaving the client out matters: a sign-flipped update pulls the median of
     all five towards itself (measured: its cosine with that median was positive in half of the
     rounds, while with the others' median it points against them)."""
     flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
-    ref = leave_one_out_medians(flat)                # float32: a threshold's input, half the sort
-    dots = np.einsum("ij,ij->i", flat, ref, dtype=np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64)
-                    * np.einsum("ij,ij->i", ref, ref, dtype=np.float64))
+
+    def sums(block: np.ndarray) -> np.ndarray:       # f.ref, f.f, ref.ref per row, in float64
+        ref = leave_one_out_medians(block).astype(np.float64)   # float32: a threshold's input
+        b = block.astype(np.float64)
+        return np.stack([np.einsum("ij,ij->i", b, ref), np.einsum("ij,ij->i", b, b),
+                         np.einsum("ij,ij->i", ref, ref)])
+
+    dots, ff, rr = block_sums(sums, flat, workers)
+    norms = np.sqrt(ff * rr)
     return np.where(norms > 0, dots / np.maximum(norms, 1e-300), 0.0)
 
 

@@ -207,7 +207,7 @@ def test_the_leave_one_out_medians_are_the_medians_of_the_others():
 
 
 def test_the_flat_updates_are_the_concatenated_differences():
-    from strategy.robust import flat_updates, sort_rows
+    from strategy.robust import flat_updates
 
     rng = np.random.default_rng(1)
     g = {"a": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5)}   # float64
@@ -217,9 +217,19 @@ def test_the_flat_updates_are_the_concatenated_differences():
     expected = np.stack([np.concatenate([(c[k] - g[k]).ravel().astype(np.float32)
                                          for k in ("a", "b")]) for c in clients])
     assert flat.dtype == np.float32 and np.array_equal(flat, expected)
-    for n in (1, 2, 9, 16):
-        x = rng.normal(size=(n, 50)).astype(np.float32)
-        assert np.array_equal(sort_rows(x), np.sort(x, axis=0))
+
+
+def test_the_pruned_network_sorts_the_middle_rows():
+    """middle_rows: rows h - 1, h, h + 1 of np.sort along the clients' axis, ties included."""
+    from strategy.robust import middle_network, middle_rows
+
+    rng = np.random.default_rng(1)
+    for n in range(1, 18):
+        for x in (rng.normal(size=(n, 60)), rng.integers(0, 3, size=(n, 60)).astype(np.float32)):
+            s, got = np.sort(x, axis=0), middle_rows(x)
+            assert all(np.array_equal(got[i], s[i]) for i in (n // 2 - 1, n // 2, n // 2 + 1)
+                       if 0 <= i < n), n
+    assert len(middle_network(10)) < 10 * 9 // 2      # fewer than the transposition network
 
 
 def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
@@ -415,3 +425,42 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     assert main(["--out", str(tmp_path / "five"), "--federation", "five"]) == 0
     assert all("fl.num_clients=5" in o for o in overrides)
     assert "node 0 of 5, every round" in (tmp_path / "five" / "attacks.md").read_text()
+
+
+def test_the_bitwise_select_is_np_where():
+    from strategy.robust import select
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        x = rng.normal(size=(6, 50)).astype(dtype)
+        a, b = rng.normal(size=50).astype(dtype), rng.normal(size=50).astype(dtype)
+        a[:5] = b[:5] = -0.0                            # signed zeros and ties keep their bits
+        mask = x > 0
+        got = select(mask, a, b)
+        assert got.dtype == dtype and np.array_equal(got.view(np.uint8),
+                                                       np.where(mask, a, b).view(np.uint8))
+    ints = np.arange(5)
+    assert np.array_equal(select(ints > 2, ints, -ints), np.where(ints > 2, ints, -ints))
+
+
+def test_the_defences_sums_over_column_blocks_on_threads_equal_the_whole_sums(monkeypatch):
+    """Norms, agreement cosines and the gradient diversity summed over cache-sized column
+    blocks (on 1 or 2 threads) equal the sums over the whole updates, to float64 rounding."""
+    import strategy.robust as robust
+    from strategy.base import gradient_diversity
+
+    rng = np.random.default_rng(2)
+    g = {"w": rng.normal(size=(40, 9)).astype(np.float32), "b": rng.normal(size=7).astype(np.float32)}
+    clients = [{k: (v + rng.normal(size=v.shape)).astype(v.dtype) for k, v in g.items()}
+               for _ in range(6)]
+    flat = robust.flat_updates(g, clients, list(g)).astype(np.float64)
+    ref = robust.leave_one_out_medians(flat.astype(np.float32)).astype(np.float64)
+    cos = (flat * ref).sum(1) / np.sqrt((flat * flat).sum(1) * (ref * ref).sum(1))
+    total = flat.sum(0)
+    diversity = (flat * flat).sum() / (total @ total)
+    monkeypatch.setattr(robust, "CHUNK", 16)           # 25 blocks of the 367 values
+    for workers in (1, 2):
+        assert robust.update_norms(g, clients, workers) == pytest.approx(
+            np.sqrt((flat * flat).sum(1)), rel=1e-12)
+        assert robust.median_agreement(g, clients, workers) == pytest.approx(cos, rel=1e-12)
+        assert gradient_diversity(g, clients, workers) == pytest.approx(diversity, rel=1e-12)

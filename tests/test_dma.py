@@ -130,3 +130,32 @@ def test_a_cap_that_does_not_bind_changes_nothing():
 def test_a_cap_below_one_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="cap >= 1"):
         dma_weights(skewed_app_u(), "softmax", cap=0.5)
+
+
+@pytest.mark.parametrize("cap", [None, 2.0, 1.2])
+def test_the_written_out_gradient_is_torchs_autograd(cap):
+    """solve_softmax's SGD steps use softmax_loss_grad: the weights, loss and gradient that
+    torch's autograd gives through softmax, cap_scale and the loss, capped or not."""
+    import math
+
+    import torch
+
+    from fssl.dma import _loss_t, cap_scale, softmax_loss_grad
+
+    rng = np.random.default_rng(3)
+    capped = 0
+    for _ in range(30):
+        m = int(rng.integers(2, 11))
+        p = rng.dirichlet(np.full(10, 0.3), size=m)
+        theta = rng.normal(scale=1.5, size=m)
+        upper = math.inf if cap is None else cap / m
+        t = torch.tensor(theta, requires_grad=True)
+        beta = cap_scale(torch.softmax(t, 0), upper)
+        loss = _loss_t(beta, torch.as_tensor(p))
+        loss.backward()
+        got_beta, got_loss, got_grad = softmax_loss_grad(theta, p, upper)
+        capped += bool(np.isclose(got_beta.max(), upper))
+        assert np.allclose(got_beta, beta.detach().numpy(), rtol=0, atol=1e-14)
+        assert got_loss == pytest.approx(loss.item(), rel=1e-13)
+        assert np.allclose(got_grad, t.grad.numpy(), rtol=1e-10, atol=1e-15)
+    assert cap is None or capped > 5                 # the cap's branch was exercised

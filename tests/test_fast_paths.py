@@ -134,3 +134,60 @@ if [ "$cmd" = quit ]; then rm -f {state}; exit 0; fi
     with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on PATH"):
         with mps(True):
             pass
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_images_reach_the_model_with_nchw_strides(channels):
+    """With one channel numpy's transpose and the augmentations' gathers give channels-last
+    strides that still count as contiguous; the convolutions would then take the slower
+    channels-last path on a CPU."""
+    import numpy as np
+
+    from fssl import augment
+    from fssl.train import to_nchw
+
+    nhwc = np.random.default_rng(0).integers(0, 255, (4, 28, 28, channels), dtype=np.uint8)
+    x = to_nchw(nhwc, torch.device("cpu"))
+    nchw = (channels * 28 * 28, 28 * 28, 28, 1)
+    assert x.stride() == nchw and torch.equal(x.permute(0, 2, 3, 1), torch.from_numpy(nhwc))
+    gen = torch.Generator().manual_seed(0)
+    assert augment.weak(x, True, gen).stride() == nchw
+    assert augment.strong(x, True, gen).stride() == nchw
+
+
+def test_no_grad_passes_run_in_cache_sized_chunks_with_the_same_outputs():
+    """On a CPU the pseudo-labelling pass of a batch-independent model runs in chunks of
+    CPU_EVAL_BATCH whatever train.infer_batch_size says: the same probabilities, bit for bit on
+    one thread (a simulation's clients; with more, up to float rounding). A batch-statistics
+    model keeps the configured chunks, which decide its outputs."""
+    from fssl.train import CPU_EVAL_BATCH, no_grad_batch
+
+    cfg = compose(TINY + ["train.infer_batch_size=1024"])
+    meta = data_meta(dataset_for(cfg))
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
+    x = torch.randint(0, 255, (3 * CPU_EVAL_BATCH + 7, 1, 28, 28), dtype=torch.uint8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for norm in ("gn", "batchstat"):
+            torch.manual_seed(0)
+            model = make_model(compose(TINY + [f"model.norm={norm}"]), 10, 1).eval()
+            chunk = no_grad_batch(model, x, 1024)
+            assert chunk == (CPU_EVAL_BATCH if norm == "gn" else 1024)
+            with torch.no_grad():
+                one_pass = torch.softmax(model(trainer.norm(x)), 1)
+            assert torch.equal(trainer.predict(model, x), one_pass)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_freed_memory_is_kept_for_reuse_on_glibc(monkeypatch):
+    import ctypes.util
+    import sys
+
+    from fssl.runtime import keep_freed_memory
+
+    glibc = sys.platform.startswith("linux") and "libc.so" in (ctypes.util.find_library("c") or "")
+    assert keep_freed_memory() == glibc
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert keep_freed_memory() is False
