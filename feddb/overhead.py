@@ -1,6 +1,6 @@
 """Where a round's time goes when training costs nothing: `feddb overhead`.
 
-    .venv/bin/feddb overhead                 # about 3 minutes on 2 CPU cores
+    .venv/bin/feddb overhead                 # about 1 minute on 2 CPU cores
     .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
     .venv/bin/feddb overhead --eval-every 5  # the central evaluation every 5 rounds (eval.every)
     .venv/bin/feddb overhead --eval-every 20 --no-defences   # the plumbing alone
