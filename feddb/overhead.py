@@ -5,6 +5,8 @@
     .venv/bin/feddb overhead --eval-every 5  # the central evaluation every 5 rounds (eval.every)
     .venv/bin/feddb overhead --eval-every 20 --no-defences   # the plumbing alone
     .venv/bin/feddb overhead --loss-check    # with the loss check, on by default on SuperNodes
+    .venv/bin/feddb overhead --aggregation --experiment paper/cifar10_dir0.3   # no Flower: the
+        # server's critical-path aggregation of 10 synthetic updates of that model (DMA, defences)
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
 each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
@@ -197,6 +199,42 @@ def top_functions(profile: Path, n: int = 12) -> dict[str, list[str]]:
     return out
 
 
+def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
+                        repeats: int = 7) -> tuple[list[float], dict]:
+    """Seconds of the server's work while a round's clients wait (DMA's weights, then the update
+    with the default defences: norm bound, agreement filter, momentum) on `clients` synthetic
+    updates of the configured model, `repeats` times after one warm-up; and the last round's
+    `robust` record. No Flower: the strategy's own methods, as a ServerApp calls them."""
+    from fssl.config import compose
+    from fssl.dma import dma_weights
+    from fssl.methods import make_model
+    from server_app.app import cores
+    from strategy import make_strategy
+
+    cfg = compose(overrides)
+    import torch
+
+    torch.manual_seed(0)
+    channels = 3 if cfg["dataset"]["name"].startswith(("cifar", "svhn")) else 1
+    state = make_model(cfg, 10, channels).state_dict()
+    g = {k: v.numpy().copy() for k, v in state.items()}
+    rng = np.random.default_rng(0)
+    updates = [{k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
+                if v.dtype.kind == "f" else v for k, v in g.items()} for _ in range(clients)]
+    app_u = rng.dirichlet(np.full(10, 0.3), size=clients)
+    strategy = make_strategy(cfg, 10)
+    strategy.workers = cores()
+    d = cfg["dma"]
+    seconds = []
+    for _ in range(repeats + 1):
+        strategy.global_arrays, strategy.momentum_buffer = g, {}
+        t0 = time.perf_counter()
+        weights = dma_weights(app_u, d["mode"], d["steps"], d["lr"], d["optimizer"], d["cap"]).weights
+        strategy.server_update(updates, weights)
+        seconds.append(time.perf_counter() - t0)
+    return seconds[1:], strategy.last_round.get("robust", {})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
@@ -213,9 +251,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss-check", action="store_true",
                     help="with the loss check, a default only on SuperNodes (a deployment's "
                          f"server work): {LOSS_CHECK}")
+    ap.add_argument("--aggregation", action="store_true",
+                    help="only time the server's aggregation of synthetic updates (no Flower)")
+    ap.add_argument("--experiment", help="with --aggregation: an experiment preset for the "
+                    "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN")
     args = ap.parse_args(argv)
     if args.loss_check and args.no_defences:
         ap.error("--loss-check and --no-defences contradict each other: choose one")
+    if args.experiment and not args.aggregation:
+        ap.error("--experiment goes with --aggregation (the simulations use the default CNN)")
+    if args.aggregation:
+        overrides = [f"experiment={args.experiment}"] if args.experiment else []
+        seconds, _ = aggregation_seconds(overrides)
+        print(f"server aggregation of {PER_ROUND} synthetic updates "
+              f"({args.experiment or 'the default CNN'}; DMA, norm bound, agreement filter, "
+              f"momentum): median {np.median(seconds) * 1000:.0f} ms, min "
+              f"{min(seconds) * 1000:.0f} ms over {len(seconds)} repeats")
+        return 0
     workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

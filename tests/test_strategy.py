@@ -236,3 +236,15 @@ def test_overhead_refuses_contradicting_flags(capsys):
         main(["--loss-check", "--no-defences"])
     assert exit_.value.code == 2
     assert "--loss-check and --no-defences contradict" in capsys.readouterr().err
+
+
+def test_overhead_times_the_servers_aggregation_with_its_defences():
+    """`feddb overhead --aggregation`: DMA and the update with the default defences, on the
+    strategy's own methods (the norm bound and the agreement filter saw every update)."""
+    from feddb.overhead import aggregation_seconds, main
+
+    seconds, robust = aggregation_seconds([], clients=4, repeats=2)
+    assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)
+    assert len(robust["update_norms"]) == 4 and len(robust["cosines"]) == 4
+    with pytest.raises(SystemExit):
+        main(["--experiment", "paper/cifar10_dir0.3"])          # only with --aggregation
