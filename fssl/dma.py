@@ -48,26 +48,20 @@ def _loss_t(beta: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 def cap_scale(beta: torch.Tensor, upper: float) -> torch.Tensor:
     """beta' = min(upper, c_i * beta) on the simplex: weights over `upper` are set to it and the
     excess is spread over the others in proportion to their weights (differentiable; needs
-    upper * m >= 1)."""
-    if not math.isfinite(upper) or float(beta.detach().max()) <= upper:
+    upper * m >= 1). Which weights are held comes from cap_scale_np."""
+    _, held = cap_scale_np(beta.detach().cpu().numpy(), upper)
+    if held is None:
         return beta
-    fixed = torch.zeros_like(beta, dtype=torch.bool)
-    out = beta
-    for _ in range(len(beta)):
-        free_mass = 1.0 - upper * int(fixed.sum())     # a float: upper * tensor(int) is float32
-        free_sum = torch.where(fixed, torch.zeros_like(beta), beta).sum()
-        scaled = beta * free_mass / free_sum.clamp_min(1e-300)
-        out = torch.where(fixed, torch.full_like(beta, upper), scaled)
-        over = (~fixed) & (out > upper)
-        if not bool(over.any()):
-            break
-        fixed = fixed | over
-    return out
+    fixed = torch.as_tensor(held, device=beta.device)
+    free_sum = torch.where(fixed, torch.zeros_like(beta), beta).sum()
+    scaled = beta * (1.0 - upper * int(held.sum())) / free_sum.clamp_min(1e-300)
+    return torch.where(fixed, torch.full_like(beta, upper), scaled)
 
 
 def cap_scale_np(beta: np.ndarray, upper: float) -> tuple[np.ndarray, np.ndarray | None]:
     """cap_scale in numpy: the capped weights and the mask of those held at `upper` (None: no
-    cap applied)."""
+    cap applied). Weights over `upper` are held at it and the rest rescaled to fill the
+    remainder, until none is over."""
     if not math.isfinite(upper) or beta.max() <= upper:
         return beta, None
     fixed = np.zeros(len(beta), dtype=bool)

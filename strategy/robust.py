@@ -155,9 +155,9 @@ CHUNK = 16384               # columns per block: 10 clients' block of updates st
 
 
 def block_sums(fn: Callable[[np.ndarray], np.ndarray], flat: np.ndarray,
-             workers: int = 1) -> np.ndarray:
-    """Σ over column blocks of fn(block): fn gives per-row sums over its block (float64). The
-    blocks are contiguous copies that stay in cache; `workers` > 1 runs them on threads (numpy
+               workers: int = 1) -> np.ndarray:
+    """Σ over column blocks of fn(block), fn giving sums over its block (float64). The blocks
+    are contiguous copies that stay in cache; `workers` > 1 runs them on threads (numpy
     releases the GIL)."""
     starts = range(0, flat.shape[1], CHUNK)
     part = lambda s: fn(np.ascontiguousarray(flat[:, s:s + CHUNK]))   # noqa: E731

@@ -238,7 +238,7 @@ def test_overhead_refuses_contradicting_flags(capsys):
     assert "--loss-check and --no-defences contradict" in capsys.readouterr().err
 
 
-def test_overhead_times_the_servers_aggregation_with_its_defences():
+def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
     """`feddb overhead --aggregation`: DMA and the update with the default defences, on the
     strategy's own methods (the norm bound and the agreement filter saw every update)."""
     from feddb.overhead import aggregation_seconds, main
@@ -248,3 +248,6 @@ def test_overhead_times_the_servers_aggregation_with_its_defences():
     assert len(robust["update_norms"]) == 4 and len(robust["cosines"]) == 4
     with pytest.raises(SystemExit):
         main(["--experiment", "paper/cifar10_dir0.3"])          # only with --aggregation
+    with pytest.raises(SystemExit) as exit_:
+        main(["--aggregation", "--experiment", "nope"])
+    assert exit_.value.code == 2 and "unknown experiment 'nope'" in capsys.readouterr().err
