@@ -254,6 +254,9 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     ports and no runtime dependency installation; follows the log (if `show`), checks that the
     run finished as completed and stops the SuperLink it started. 0 on success. `watch` says
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
+    from fssl.provenance import export_commit
+
+    export_commit()                            # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"

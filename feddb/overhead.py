@@ -139,7 +139,7 @@ NO_DEFENCES = "server.robust.clip=null server.robust.min_cosine=null server.robu
 
 
 # the loss check runs on SuperNodes by default, not in a simulation: this puts it in scope here
-LOSS_CHECK = "server.robust.loss_check_scope=always"
+LOSS_CHECK = "server.robust.scope=always"
 
 
 def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,

@@ -183,6 +183,8 @@ def validate(cfg: dict[str, Any]) -> None:
                  "an integer >= 1")
     _require(_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",
              cfg["app_u"]["gamma"], "a number in [0, 1)")
+    _require(cfg["app_u"].get("estimate", "local") in ("local", "literal"), "app_u.estimate",
+             cfg["app_u"].get("estimate"), "local, literal")
     _require(dma["mode"] in ("softmax", "literal", "exact"), "dma.mode", dma["mode"],
              "softmax, literal, exact")
     _require(dma["optimizer"] in ("sgd", "adam"), "dma.optimizer", dma["optimizer"], "sgd, adam")
@@ -229,8 +231,11 @@ def validate(cfg: dict[str, Any]) -> None:
              "a number in [0, 2], or null")
     _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
-    _require(rb.get("loss_check_scope", "deployment") in ("deployment", "always"),
-             "server.robust.loss_check_scope", rb.get("loss_check_scope"), "deployment, always")
+    _require(rb.get("scope", "deployment") in ("deployment", "always"), "server.robust.scope",
+             rb.get("scope"), "deployment, always")
+    _require("loss_check_scope" not in rb, "server.robust.loss_check_scope",
+             rb.get("loss_check_scope"), "nothing: it became server.robust.scope, which places "
+             "every defence (deployment, always)")
     _require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
              rb.get("loss_check_scale"), "lr, none")
     cands = rb.get("loss_check_candidates")
@@ -249,6 +254,9 @@ def validate(cfg: dict[str, Any]) -> None:
     if part["mode"] == "dirichlet":
         _require(_number(part["delta"]) and part["delta"] > 0, "partition.delta",
                  part["delta"], "a number > 0 (the Dirichlet concentration delta)")
+    ratio = part.get("imbalance_ratio")
+    _require(ratio is None or (_number(ratio) and ratio >= 1), "partition.imbalance_ratio", ratio,
+             "a number >= 1 (largest over smallest class of the unlabeled pool), or null")
     _require(isinstance(part["min_size"], int) and part["min_size"] >= 1, "partition.min_size",
              part["min_size"], "an integer >= 1")
     _require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
@@ -363,6 +371,36 @@ def validate_strategy(cfg: dict[str, Any]) -> None:
             load_class(str(s.get("target") or ""))
         except StrategyError as err:
             raise ConfigError(str(err)) from err
+
+
+# The defences server.robust.scope places, as (config path, what it is), in the order they act.
+DEFENCES = (("server.robust.clip", "the norm bound"),
+            ("server.robust.min_cosine", "the agreement filter"),
+            ("server.robust.loss_check", "the loss check"),
+            ("dma.cap", "the DMA cap"))
+
+
+def _lookup(cfg: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    *parents, key = path.split(".")
+    for name in parents:
+        cfg = cfg[name]
+    return cfg, key
+
+
+def apply_defence_scope(cfg: dict[str, Any], untrusted_nodes: bool) -> list[str]:
+    """Turn off the defences `server.robust.scope` leaves out of this run (in place) and return
+    the config paths turned off. They exist for nodes that may be other people's machines; in a
+    simulation every client is this app's own code, so the methods run as published unless
+    `scope: always`. A saved config.yaml then shows what ran."""
+    if untrusted_nodes or cfg["server"]["robust"].get("scope", "deployment") == "always":
+        return []
+    off = []
+    for path, _ in DEFENCES:
+        parent, key = _lookup(cfg, path)
+        if parent[key] is not None:
+            parent[key] = None
+            off.append(path)
+    return off
 
 
 def clients_per_round(cfg: dict[str, Any]) -> int:

@@ -86,10 +86,27 @@ def spread(idx: np.ndarray, y: np.ndarray, num_clients: int, mode: str, delta: f
                      "lower partition.min_size")
 
 
+def long_tailed(pool: np.ndarray, y: np.ndarray, num_classes: int, ratio: float,
+                rng: np.random.Generator) -> np.ndarray:
+    """A random subset of `pool` whose class counts fall exponentially from class 0 to class K-1,
+    n_c = n_max * ratio^(-c / (K - 1)) (the CIFAR-LT profile), n_max the smallest class's size in
+    the pool, so the largest class over the smallest is `ratio` (to rounding)."""
+    members = [pool[y[pool] == c] for c in range(num_classes)]
+    n_max = min(len(m) for m in members)
+    keep = [rng.choice(m, max(1, round(n_max * ratio ** (-c / max(num_classes - 1, 1)))),
+                       replace=False) for c, m in enumerate(members)]
+    return np.sort(np.concatenate(keep))
+
+
 def make_partition(y: np.ndarray, num_classes: int, num_labeled: int, num_clients: int,
-                   mode: str, delta: float | None, seed: int, min_size: int = 1) -> Partition:
+                   mode: str, delta: float | None, seed: int, min_size: int = 1,
+                   imbalance_ratio: float | None = None) -> Partition:
+    """`imbalance_ratio`: the unlabeled pool is long-tailed (long_tailed) before it is spread;
+    the labeled set and the test set stay balanced. Images left out are used by no client."""
     rng = np.random.default_rng([seed, 2024])
     labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
+    if imbalance_ratio is not None:
+        unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
     labeled = spread(labeled_pool, y, num_clients, mode, delta, num_classes, rng, min_size)
     unlabeled = spread(unlabeled_pool, y, num_clients, mode, delta, num_classes, rng, min_size)
     unlabeled = [np.sort(np.concatenate([u, l])) for u, l in zip(unlabeled, labeled)]
@@ -99,7 +116,8 @@ def make_partition(y: np.ndarray, num_classes: int, num_labeled: int, num_client
 def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
     p = cfg["partition"]
     return make_partition(y, num_classes, cfg["dataset"]["num_labeled"], cfg["fl"]["num_clients"],
-                          p["mode"], p["delta"], cfg["seed"], p["min_size"])
+                          p["mode"], p["delta"], cfg["seed"], p["min_size"],
+                          p.get("imbalance_ratio"))
 
 
 def summary_table(part: Partition, y: np.ndarray) -> str:

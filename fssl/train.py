@@ -2,7 +2,8 @@
 
 `LocalTrainer.fit` runs one client round: APP-U of the received model over weak views of ALL the
 client's unlabeled data, the method's round set-up (e.g. pseudo-labels), E local epochs, and the
-momentum APP-U estimate p_bar <- gamma p_bar + (1 - gamma) p_bar^e. Every method ships APP-U.
+momentum APP-U estimate p_bar <- gamma p_bar + (1 - gamma) p_bar^e (`app_u.estimate`: p_bar^e of
+the model after epoch e's update, or Algorithm 2's model entering it). Every method ships APP-U.
 """
 
 from __future__ import annotations
@@ -187,12 +188,19 @@ class LocalTrainer:
         self.num_classes = len(prior0)
         metrics = self.begin_round(model, data, probs0, prior0) if self.lambda_u > 0 else {}
         prior, sup_losses, unsup_losses = prior0.clone(), [], []
+        after_update = self.cfg["app_u"].get("estimate", "local") == "local"
         for epoch in range(self.tr["local_epochs"]):
-            # p_bar^e of the model entering epoch e; epoch 1 reuses the received model's pass.
-            epoch_probs = probs0 if epoch == 0 else self.weak_probs(model, data)
+            # Algorithm 2 as printed (`literal`) averages p_bar^e of the model *entering* epoch e,
+            # so the last local model never enters the estimate, and with one epoch (the CPU
+            # presets) the shipped APP-U is the received model's: DMA would weigh data mixes,
+            # not the local models it averages. `local` takes p_bar^e after epoch e's update.
+            if not after_update:
+                epoch_probs = probs0 if epoch == 0 else self.weak_probs(model, data)
             for ls, lu in self.epoch(model, data, opt, prior):
                 sup_losses.append(ls)
                 unsup_losses.append(lu)
+            if after_update:
+                epoch_probs = self.weak_probs(model, data)
             prior = momentum_update(prior, app_u(epoch_probs), gamma)
         self.momentum_out = {n: opt.state[p]["momentum_buffer"].detach().cpu()
                              for n, p in params.items()

@@ -18,10 +18,11 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fssl import checkpoint
-from fssl.config import resolve
+from fssl.config import DEFENCES, apply_defence_scope, resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
 from fssl.profiling import Timeline, profiled
+from fssl.provenance import provenance
 from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
 from fssl.train import resolve_device
 from strategy import WeightedAverage, make_strategy
@@ -120,10 +121,14 @@ def simulated(grid: Grid) -> bool:
     return type(grid).__name__ in ("InMemoryGrid", "LocalGrid")
 
 
-def loss_check_on(robust: dict[str, Any], grid: Grid) -> bool:
-    """`server.robust.loss_check` applies: set, and in scope (`deployment`: SuperNodes only)."""
-    return robust["loss_check"] is not None and (robust.get("loss_check_scope") == "always"
-                                                 or not simulated(grid))
+def scope_defences(cfg: dict[str, Any], grid: Grid) -> None:
+    """Apply `server.robust.scope` to this run's nodes and say in one line what it left off."""
+    off = apply_defence_scope(cfg, untrusted_nodes=not simulated(grid))
+    if off:
+        names = ", ".join(f"{name} ({path})" for path, name in DEFENCES if path in off)
+        print(f"[feddb] a simulation runs the methods as published: {names} off "
+              "(server.robust.scope=deployment puts them on SuperNodes; "
+              "server.robust.scope=always turns them on here)", flush=True)
 
 
 def cores() -> int:
@@ -137,10 +142,12 @@ def main(grid: Grid, context: Context) -> None:
     timeline = Timeline()
     keep_freed_memory()
     cfg, resume_dir = resolve(dict(context.run_config))
+    scope_defences(cfg, grid)
     run_dir = resume_dir or run_dir_for(cfg)
     if resume_dir is None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
+        (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg["device"]), indent=2))
     print(f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
           f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
           f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
@@ -170,12 +177,7 @@ def main(grid: Grid, context: Context) -> None:
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
     strategy.workers = cores()          # the replies are all in: no client is busy meanwhile
-    robust = cfg["server"]["robust"]
-    checking = loss_check_on(robust, grid)
-    if robust["loss_check"] is not None and not checking:
-        print("[feddb] the loss check is off in this simulation (server.robust.loss_check_scope="
-              "deployment: the clients are this app's own; =always turns it on)", flush=True)
-    if checking:
+    if cfg["server"]["robust"]["loss_check"] is not None:
         if recorder.has_val:
             strategy.audit = recorder.audit_loss
             if threads == 1 and device.type == "cpu":     # a simulation: the clients wait idle

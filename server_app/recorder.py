@@ -278,9 +278,10 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     model's, and the largest top-class share over all rounds and over the second half of them.
     Only the rounds evaluated count (all of them unless eval.every > 1; the last always is)."""
     rounds = len(history)
+    acted = defence_rounds(history)
     history = [r for r in history if r.get("test_accuracy") is not None]
     if not history:
-        return {"final_test_accuracy": None, "rounds": rounds}
+        return {"final_test_accuracy": None, "rounds": rounds, "defence_rounds": acted}
     accs = [r["test_accuracy"] for r in history]
     best = int(np.argmax(accs))
     vals = [r.get("val_accuracy") for r in history]
@@ -299,6 +300,29 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "max_top_class_share": max(shares) if shares else None,
         "max_top_class_share_late": max(late) if late else None,
         "collapsed": bool(history[-1].get("collapsed", False)),
+        "final_worst_class_accuracy": worst_class(history[-1]),
+        "selected_worst_class_accuracy": worst_class(history[sel]) if sel is not None else None,
+        "selected_top_class_share": history[sel].get("top_class_share") if sel is not None
+        else None,
+        "defence_rounds": acted,
         "rounds": rounds,
         "evaluated_rounds": len(accs),
     }
+
+
+def worst_class(record: dict[str, Any]) -> float | None:
+    acc = record.get("class_accuracy")
+    return float(min(acc)) if acc else None
+
+
+def defence_rounds(history: list[dict[str, Any]]) -> dict[str, int]:
+    """Rounds in which each defence changed the aggregate: a run says whether its comparison
+    measured the method or a defence (in a simulation with the defaults, all zero)."""
+    counts = {"clipped": 0, "filtered": 0, "loss_checked_out": 0, "dma_cap_bound": 0}
+    for r in history:
+        rb, dma = r.get("robust") or {}, r.get("dma") or {}
+        counts["clipped"] += bool(rb.get("clipped"))
+        counts["filtered"] += bool(rb.get("dropped"))
+        counts["loss_checked_out"] += bool(rb.get("loss_dropped"))
+        counts["dma_cap_bound"] += bool(dma.get("at_cap"))
+    return counts

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 BASE = ("fl.num_clients=5 fl.fraction_train=1.0 dataset.num_labeled=500 train.mode=minibatch "
         "train.local_epochs=1 train.local_steps=10 train.lr=0.1 train.tau=0.6 train.warmup_rounds=0 "
-        "model.norm=gn fl.node_wait=0 checkpoint.every=0 server.momentum=0")
+        "model.norm=gn fl.node_wait=0 checkpoint.every=0 server.momentum=0 "
+        "server.robust.scope=always")   # the defences of a deployment, on the in-process grid
 UNDEFENDED = ("dma.cap=null server.sizes=reported server.robust.clip=null "
               "server.robust.min_cosine=null server.robust.loss_check=null")
 NO_FILTER = "server.robust.min_cosine=null server.robust.loss_check=null"
@@ -319,8 +320,7 @@ def test_the_loss_check_tolerance_shrinks_with_the_step():
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
     # the loss check alone, in scope on the in-process grid (a simulation) as in a deployment
-    alone = ("dataset.val_size=200 server.robust.min_cosine=null "
-             "server.robust.loss_check_scope=always")
+    alone = "dataset.val_size=200 server.robust.min_cosine=null"
     full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", alone, rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in full)
     assert all(None not in r["robust"]["loss_impact"] for r in full)
@@ -341,9 +341,9 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
               f"dataset.val_size=200 {NO_FILTER}", rounds=3)
     assert all("loss_dropped" not in r["robust"] for r in off)
     assert full[-1]["val_loss"] < off[-1]["val_loss"]
-    # by default (`loss_check_scope: deployment`) a simulation does not run it
+    # by default (`server.robust.scope: deployment`) a simulation does not run it
     sim = run(tmp_path, "lfr-sim", small_npz, "feddb", "sign_flip",
-              alone.replace("server.robust.loss_check_scope=always", ""), rounds=1)
+              f"{alone} server.robust.scope=deployment", rounds=1)
     assert "loss_dropped" not in sim[0]["robust"] and "loss_impact" not in sim[0]["robust"]
 
 

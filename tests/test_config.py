@@ -74,8 +74,12 @@ def test_paper_presets(name):
                                                   "number in [-1, 1], or null"),
     ({"overrides": "server.robust.min_cosine_margin=-0.1"},
      "`server.robust.min_cosine_margin`: -0.1; allowed: a number in [0, 2], or null"),
-    ({"overrides": "server.robust.loss_check_scope=never"},
-     "`server.robust.loss_check_scope`: 'never'; allowed: deployment, always"),
+    ({"overrides": "server.robust.scope=never"},
+     "`server.robust.scope`: 'never'; allowed: deployment, always"),
+    ({"overrides": "+server.robust.loss_check_scope=always"},
+     "it became server.robust.scope"),
+    ({"overrides": "app_u.estimate=final"}, "`app_u.estimate`: 'final'; allowed: local, literal"),
+    ({"overrides": "partition.imbalance_ratio=0.5"}, "`partition.imbalance_ratio`: 0.5"),
     ({"overrides": "server.robust.loss_check_scale=step"},
      "`server.robust.loss_check_scale`: 'step'; allowed: lr, none"),
 ])
@@ -85,15 +89,30 @@ def test_bad_values_are_named_with_what_is_allowed(rc, match):
         compose_from_run_config(rc)
 
 
-def test_the_loss_check_is_in_scope_on_supernodes_by_default_and_in_simulations_on_request():
-    from server_app.app import loss_check_on
+def test_every_defence_is_in_scope_on_supernodes_and_off_in_simulations_by_default():
+    from fssl.config import apply_defence_scope, compose
 
-    sims = [type(name, (), {})() for name in ("InMemoryGrid", "LocalGrid")]   # by name
-    remote = type("HttpGrid", (), {})()          # a SuperLink's SuperNodes, other machines
-    rb = {"loss_check": 0.02, "loss_check_scope": "deployment"}
-    assert loss_check_on(rb, remote) and not any(loss_check_on(rb, g) for g in sims)
-    assert all(loss_check_on({**rb, "loss_check_scope": "always"}, g) for g in sims + [remote])
-    assert not loss_check_on({**rb, "loss_check": None, "loss_check_scope": "always"}, remote)
+    cfg = compose()
+    assert apply_defence_scope(cfg, untrusted_nodes=True) == []     # SuperNodes: all kept
+    assert cfg["server"]["robust"]["clip"] == 4.0 and cfg["dma"]["cap"] == 2.0
+    sim = compose()
+    off = apply_defence_scope(sim, untrusted_nodes=False)
+    assert off == ["server.robust.clip", "server.robust.min_cosine", "server.robust.loss_check",
+                   "dma.cap"]
+    rb = sim["server"]["robust"]
+    assert (rb["clip"], rb["min_cosine"], rb["loss_check"], sim["dma"]["cap"]) == (None,) * 4
+    always = compose(["server.robust.scope=always"])
+    assert apply_defence_scope(always, untrusted_nodes=False) == []
+    assert always["server"]["robust"]["min_cosine"] == -0.1
+
+
+def test_the_paper_presets_run_without_any_defence_where_nodes_are_simulated():
+    from fssl.config import apply_defence_scope, compose
+
+    cfg = compose(["experiment=paper/cifar10_dir0.3"])
+    apply_defence_scope(cfg, untrusted_nodes=False)
+    rb = cfg["server"]["robust"]
+    assert (rb["clip"], rb["min_cosine"], rb["loss_check"], cfg["dma"]["cap"]) == (None,) * 4
 
 
 def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():

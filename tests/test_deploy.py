@@ -40,12 +40,12 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
     deployed = metrics_without_timing(out)
     assert [r["round"] for r in deployed] == [1]
     assert all(len(r["clients"]) == 3 and r["num_failures"] == 0 for r in deployed)
-    # on SuperNodes the loss check runs by default (server.robust.loss_check_scope=deployment)
+    # on SuperNodes every defence runs by default (server.robust.scope=deployment)
     assert all(None not in r["robust"]["loss_impact"] for r in deployed)
-    # the same configuration in simulation, the loss check in scope there too: the same metrics
+    # the same configuration in simulation, the defences in scope there too: the same metrics
     sim = tmp_path / "sim"
     run_in_process({"num-server-rounds": 1, "seed": 2, "output-dir": str(sim),
-                    "overrides": f"{TINY} server.robust.loss_check_scope=always"}, 3)
+                    "overrides": f"{TINY} server.robust.scope=always"}, 3)
     assert metrics_without_timing(sim) == deployed
     assert not flower_pids(tmp_path / "w")
 
