@@ -43,6 +43,16 @@ def export_commit() -> None:
         os.environ["FEDDB_DIRTY"] = "1" if dirty else "0"
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance(device: str) -> dict[str, Any]:
     import numpy
     import torch
@@ -53,7 +63,7 @@ def provenance(device: str) -> dict[str, Any]:
         flwr_version = version("flwr")
     except Exception:  # noqa: BLE001 - a version string is a nicety
         flwr_version = None
-    cpu = platform.processor() or platform.machine()
+    cpu = cpu_name()
     if device.startswith("cuda") and torch.cuda.is_available():
         cpu = torch.cuda.get_device_name(0)
     return {"commit": commit, "dirty": dirty,
