@@ -521,6 +521,40 @@ def _title(fig, text: str) -> None:
     fig.tight_layout()
 
 
+def curve_figure(by: dict[str, dict[str, list[dict]]], col: dict[str, Any], path: Path,
+                 panels: list[tuple[str, Any, str]], title: str, only=None) -> Path:
+    """One panel per (setting, quantity): a per-round quantity's mean over seeds per variant,
+    ± one std shaded; `by`: setting -> variant -> runs."""
+    import matplotlib.pyplot as plt
+
+    settings = setting_order(by) if all(" " in s for s in by) else list(by)
+    fig, axes = _grid(len(settings) * len(panels), plt)
+    for i, s in enumerate(settings):
+        for j, (label, key, ylabel) in enumerate(panels):
+            ax = axes[i * len(panels) + j]
+            for var in variant_order(by[s]):
+                rs = by[s][var]
+                if only and not only(rs[0]):
+                    continue
+                x, m, sd = series(rs, key)
+                ok = np.isfinite(m)          # rounds between evaluations (eval.every) are gaps
+                if not ok.any():
+                    continue
+                x, m, sd = x[ok], m[ok], sd[ok]
+                ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
+                        lw=1.5)
+                if len(rs) > 1:
+                    ax.fill_between(x, m - sd, m + sd, color=col[var], alpha=0.15, lw=0)
+            ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                _legend(ax)
+    _title(fig, title)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -535,31 +569,7 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     written = []
 
     def curves(name: str, panels: list[tuple[str, Any, str]], title: str, only=None) -> None:
-        fig, axes = _grid(len(settings) * len(panels), plt)
-        for i, s in enumerate(settings):
-            for j, (label, key, ylabel) in enumerate(panels):
-                ax = axes[i * len(panels) + j]
-                for var in variant_order(by[s]):
-                    rs = by[s][var]
-                    if only and not only(rs[0]):
-                        continue
-                    x, m, sd = series(rs, key)
-                    ok = np.isfinite(m)          # rounds between evaluations (eval.every) are gaps
-                    if not ok.any():
-                        continue
-                    x, m, sd = x[ok], m[ok], sd[ok]
-                    ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
-                            lw=1.5)
-                    if len(rs) > 1:
-                        ax.fill_between(x, m - sd, m + sd, color=col[var], alpha=0.15, lw=0)
-                ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
-                ax.grid(alpha=0.3)
-                if ax.get_legend_handles_labels()[0]:
-                    _legend(ax)
-        _title(fig, title)
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        written.append(out / name)
+        written.append(curve_figure(by, col, out / name, panels, title, only))
 
     curves("convergence.png", [("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
                                ("collapse signal", lambda x: x.get("top_class_share"),
@@ -608,6 +618,23 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
+CAPTIONS = {"convergence.png": "Test accuracy and the share of the most-predicted class per round",
+            "class_accuracy.png": "Class-wise test accuracy of the final global model",
+            "pseudo_labels.png": "Accuracy and share of the confident pseudo-labels per round",
+            "js_divergence.png": "APP-U against the class-wise accuracy (the paper's Figure 3)",
+            "dma_weights.png": "How far DMA's weights are from uniform per round",
+            "strategies.png": "Final accuracy per server strategy"}
+
+
+def embed(figs: list[Path]) -> str:
+    """Markdown that shows the figures written beside results.md."""
+    lines = ["", "### Figures", ""]
+    for p in figs:
+        caption = CAPTIONS.get(p.name, p.stem.replace("_", " "))
+        lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run directories or directories holding them")
@@ -626,10 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = summarise(runs)
-    text = markdown(runs, rows)
+    figs = figures(runs, out)
+    text = markdown(runs, rows) + embed(figs)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
-    figs = figures(runs, out)
     print(text)
     print(f"[report] {len(runs)} runs; wrote {out / 'results.md'}, {out / 'results.csv'} and "
           f"{', '.join(p.name for p in figs)} in {out}")

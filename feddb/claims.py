@@ -1,0 +1,312 @@
+"""The paper's four claims, tested on the runs of the claims study (conf/sweeps/sweep/claims_*):
+
+    feddb sweep -m sweep=claims_cpu          # and claims_authors, claims_cpu_more, ...
+    feddb claims runs/claims --out docs/claims
+
+Reads <root>/<regime>/<dataset>_<partition>/<row>/s<seed> (the sweeps' layout), names each run by
+what it ran (the method, DPL, DMA and, without DMA, the weighting it fell back to), and writes
+claims.md, claims.csv and figures: per regime and setting, mean ± std over seeds of the final test
+accuracy, the test accuracy at the best-validation round, the worst class's test accuracy and the
+largest one-class share of test predictions (final, and averaged over the semi-supervised rounds);
+the paired per-seed differences that test each claim, with 95 % intervals; a verdict per claim and
+setting; and the per-round figures that show the mechanism (worst class, one-class share,
+pseudo-labels, the paper's Figure 3 measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feddb.report import colours, curve_figure, interval95, load_runs
+from server_app.recorder import run_summary
+
+# (label, what the number is, larger is better)
+METRICS = [("final", "final test accuracy", True),
+           ("selected", "test accuracy at the best-validation round", True),
+           ("worst_final", "worst class, final", True),
+           ("top_final", "one-class share, final", False),
+           ("worst_ssl", "worst class, mean over the semi-supervised rounds", True),
+           ("top_ssl", "one-class share, mean over the semi-supervised rounds", False)]
+
+UNIFORM, SIZES = "uniform", "n_m"
+# claim -> comparisons (a, b): a - b > 0 supports the claim; pairs whose runs are absent are skipped
+CLAIMS = {
+    "SSL helps": [(f"FixMatch, {SIZES}", "FedAvg"), (f"FixMatch, {UNIFORM}", "FedAvg"),
+                  ("FedDB", "FedAvg")],
+    "DPL helps": [(f"FixMatch-FedDPL, {SIZES}", f"FixMatch, {SIZES}"),
+                  (f"FixMatch-FedDPL, {UNIFORM}", f"FixMatch, {UNIFORM}"),
+                  ("FedDB", "FedDB w/o DPL")],
+    "DMA helps": [("FedDB w/o DPL", f"FixMatch, {UNIFORM}"), ("FedDB w/o DPL", f"FixMatch, {SIZES}"),
+                  ("FedDB", f"FixMatch-FedDPL, {UNIFORM}"), ("FedDB", f"FixMatch-FedDPL, {SIZES}")],
+    "FedDB beats FixMatch": [("FedDB", f"FixMatch, {UNIFORM}"), ("FedDB", f"FixMatch, {SIZES}")],
+}
+ORDER = ["FedAvg", f"FixMatch, {UNIFORM}", f"FixMatch, {SIZES}", f"FixMatch-FedDPL, {UNIFORM}",
+         f"FixMatch-FedDPL, {SIZES}", "FedDB w/o DPL", "FedDB"]
+
+
+def label(cfg: dict[str, Any]) -> str:
+    """What a run ran: labels-only FedAvg, FedDB's client with or without DPL and DMA, and for
+    the runs without DMA the weighting they average with instead."""
+    if cfg["method"]["trainer"] == "supervised":
+        return "FedAvg"
+    dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
+    if dma:
+        return "FedDB" if dpl else "FedDB w/o DPL"
+    weighting = UNIFORM if cfg["server"]["weighting"] == "uniform" else SIZES
+    return f"FixMatch{'-FedDPL' if dpl else ''}, {weighting}"
+
+
+def setting_of(cfg: dict[str, Any]) -> str:
+    p = cfg["partition"]
+    if p.get("imbalance_ratio"):
+        return f"long-tailed pool, ratio {p['imbalance_ratio']:g}" + (
+            "" if p["mode"] == "iid" else f", δ={p['delta']}")
+    return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
+
+
+SETTING_ORDER = ["δ=0.1", "δ=0.3", "IID", "long-tailed pool, ratio 10", "long-tailed pool, ratio 100"]
+
+
+def ordered(names, order: list[str]) -> list[str]:
+    return sorted(set(names), key=lambda n: (order.index(n) if n in order else len(order), n))
+
+
+def semi_rounds(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The evaluated rounds after the labels-only warm-up."""
+    warm = run["cfg"]["train"]["warmup_rounds"]
+    return [r for r in run["rounds"] if r["round"] > warm and r.get("class_accuracy")]
+
+
+def measures(run: dict[str, Any]) -> dict[str, float | None]:
+    last = [r for r in run["rounds"] if r.get("class_accuracy")][-1]
+    semi = semi_rounds(run)
+    moved = [float(np.abs(np.subtract(c["app_u"], c["app_u_global"])).sum())
+             for r in semi for c in r.get("clients", [])
+             if len(c.get("app_u", [])) == len(c.get("app_u_global", [])) > 0]
+    return {"final": run["final"], "selected": run["selected"],
+            "worst_final": min(last["class_accuracy"]), "top_final": last["top_class_share"],
+            "worst_ssl": float(np.mean([min(r["class_accuracy"]) for r in semi])) if semi else None,
+            "top_ssl": float(np.mean([r["top_class_share"] for r in semi])) if semi else None,
+            "app_u_moved": float(np.mean(moved)) if moved else None}
+
+
+def load(root: Path) -> list[dict[str, Any]]:
+    """Complete runs below root/<regime>/, each with its regime, setting, label and measures."""
+    out = []
+    for regime_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for run in load_runs([regime_dir]):
+            if not run["complete"]:
+                continue
+            summary = run_summary(run["rounds"])
+            prov = run["dir"] / "provenance.json"
+            run.update(regime=regime_dir.name, setting=setting_of(run["cfg"]),
+                       variant=label(run["cfg"]), defence_rounds=summary["defence_rounds"],
+                       provenance=json.loads(prov.read_text()) if prov.is_file() else {},
+                       **measures(run))
+            out.append(run)
+    return out
+
+
+def pct(v: float) -> float:
+    """Accuracies and shares in percentage points."""
+    return 100 * v
+
+
+def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per regime and setting, every claim's comparisons: paired per-seed differences of each
+    metric on the seeds both variants have."""
+    by: dict[tuple[str, str, str], dict[int, dict]] = defaultdict(dict)
+    for r in runs:
+        by[(r["regime"], r["setting"], r["variant"])][r["seed"]] = r
+    out = []
+    for regime in sorted({r["regime"] for r in runs}):
+        for sett in ordered((r["setting"] for r in runs if r["regime"] == regime), SETTING_ORDER):
+            for claim, pairs in CLAIMS.items():
+                for a, b in pairs:
+                    ra, rb = by.get((regime, sett, a), {}), by.get((regime, sett, b), {})
+                    seeds = sorted(set(ra) & set(rb))
+                    if not seeds:
+                        continue
+                    row = {"regime": regime, "setting": sett, "claim": claim, "a": a, "b": b,
+                           "seeds": seeds}
+                    for key, _, better_up in METRICS:
+                        d = [pct(ra[s][key]) - pct(rb[s][key]) for s in seeds
+                             if ra[s][key] is not None and rb[s][key] is not None]
+                        if not better_up:
+                            d = [-x for x in d]        # a smaller one-class share supports it
+                        row[key] = interval95(d) if d else None
+                    out.append(row)
+    return out
+
+
+def verdict(row: dict[str, Any], key: str = "final") -> str:
+    m, lo, hi = row[key]
+    if math.isnan(lo):
+        return "one seed"
+    return "holds" if lo > 0 else "fails" if hi < 0 else "not shown"
+
+
+def interval_text(v: tuple[float, float, float] | None) -> str:
+    if v is None:
+        return "–"
+    m, lo, hi = v
+    return f"{m:+.2f}" if math.isnan(lo) else f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def mean_std(values: list[float]) -> str:
+    a = 100 * np.asarray([v for v in values if v is not None], dtype=float)
+    if not len(a):
+        return "–"
+    return f"{a.mean():.2f}" + (f" ± {a.std(ddof=1):.2f}" if len(a) > 1 else "")
+
+
+def provenance_line(runs: list[dict[str, Any]]) -> str:
+    provs = [r["provenance"] for r in runs]
+    commits = sorted({str(p.get("commit"))[:7] + ("+" if p.get("dirty") else "") for p in provs})
+    dates = sorted({str(p.get("date", ""))[:10] for p in provs if p.get("date")})
+    hardware = sorted({str(p.get("hardware")) for p in provs if p.get("hardware")})
+    seeds = sorted({r["seed"] for r in runs})
+    span = " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "date unknown"
+    return (f"Provenance: {len(runs)} complete runs; commit {', '.join(commits)} "
+            f"(+: uncommitted changes); {span}; "
+            f"{'; '.join(hardware) or 'hardware unknown'}, one thread per run; seeds "
+            f"{', '.join(map(str, seeds))} (per cell below).")
+
+
+def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[Path]) -> str:
+    out = ["# The paper's claims, tested", "", provenance_line(runs), ""]
+    acted = [r for r in runs if any(r["defence_rounds"].values())]
+    out += [f"Defences that changed an aggregate: {len(acted)} of {len(runs)} runs "
+            "(a simulation runs the methods as published).", ""]
+    # verdicts
+    cells = [(g, s) for g in sorted({r["regime"] for r in runs})
+             for s in ordered((r["setting"] for r in runs if r["regime"] == g), SETTING_ORDER)]
+    out += ["## Verdicts (final test accuracy; every comparison of a claim must hold)", "",
+            "| claim | " + " | ".join(f"{g}, {s}" for g, s in cells) + " |",
+            "|---" * (len(cells) + 1) + "|"]
+    for claim in CLAIMS:
+        vals = []
+        for cell in cells:
+            mine = [r for r in rows if (r["regime"], r["setting"]) == cell and r["claim"] == claim]
+            v = {verdict(r) for r in mine}
+            vals.append("–" if not mine else "fails" if "fails" in v else "holds"
+                        if v == {"holds"} else "one seed" if v == {"one seed"} else "not shown")
+        out.append(f"| {claim} | " + " | ".join(vals) + " |")
+    out += ["", "holds: every comparison's 95 % interval above 0; fails: one below 0; not shown: "
+            "an interval includes 0.", ""]
+    # per-cell tables
+    for regime, sett in cells:
+        rs = [r for r in runs if r["regime"] == regime and r["setting"] == sett]
+        out += [f"## {regime} regime, {sett}", "",
+                "| run | seeds | final, % | at best validation, % | worst class, final | "
+                "one-class share, final | worst class, semi rounds | one-class share, semi "
+                "rounds | APP-U moved (L1) | collapsed |", "|---" * 10 + "|"]
+        for var in ordered((r["variant"] for r in rs), ORDER):
+            v = [r for r in rs if r["variant"] == var]
+            moved = [r["app_u_moved"] for r in v if r["app_u_moved"] is not None]
+            out.append(f"| {var} | {len(v)} | "
+                       + " | ".join(mean_std([r[k] for r in v]) for k, _, _ in METRICS)
+                       + f" | {f'{np.mean(moved):.3f}' if moved else '–'} | "
+                       + f"{sum(r['collapsed'] for r in v)} |")
+        out += ["", "Paired per-seed differences, points (95 % interval; one-class share: "
+                "reduction, so > 0 supports the claim):", "",
+                "| claim | comparison | seeds | " + " | ".join(t for _, t, _ in METRICS) + " |",
+                "|---" * (len(METRICS) + 3) + "|"]
+        for r in rows:
+            if (r["regime"], r["setting"]) == (regime, sett):
+                out.append(f"| {r['claim']} | {r['a']} − {r['b']} | {len(r['seeds'])} | "
+                           + " | ".join(interval_text(r[k]) for k, _, _ in METRICS) + " |")
+        out.append("")
+    out += ["## Figures", ""]
+    for p in figs:
+        out += [f"![{p.stem}]({p.name})", ""]
+    return "\n".join(out)
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["regime", "setting", "claim", "a", "b", "seeds"]
+                   + [f"{k}_{part}" for k, _, _ in METRICS for part in ("mean", "low", "high")])
+        for r in rows:
+            vals = []
+            for k, _, _ in METRICS:
+                vals += ["" if r[k] is None or math.isnan(x) else f"{x:.4f}"
+                         for x in (r[k] or (math.nan,) * 3)]
+            w.writerow([r["regime"], r["setting"], r["claim"], r["a"], r["b"],
+                        " ".join(map(str, r["seeds"]))] + vals)
+
+
+def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = []
+    col = colours([r["variant"] for r in runs])
+    for regime in sorted({r["regime"] for r in runs}):
+        by: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+        for r in runs:
+            if r["regime"] == regime:
+                by[r["setting"]][r["variant"]].append(r)
+        by = {s: by[s] for s in ordered(by, SETTING_ORDER)}
+        semi = lambda r: r["cfg"]["method"]["trainer"] != "supervised"  # noqa: E731
+        written.append(curve_figure(
+            by, col, out / f"{regime}_classes.png",
+            [("worst class", lambda x: min(x["class_accuracy"]) if x.get("class_accuracy")
+              else None, "test accuracy of the worst class"),
+             ("one-class share", lambda x: x.get("top_class_share"),
+              "share of the most-predicted class")],
+            f"{regime} regime: the worst class's test accuracy and the largest one-class share of "
+            "test predictions per round (mean ± std over seeds)"))
+        written.append(curve_figure(
+            by, col, out / f"{regime}_pseudo_labels.png",
+            [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy_pooled"),
+              "accuracy of confident pseudo-labels"),
+             ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "share confident")],
+            f"{regime} regime: confident pseudo-labels per round", only=semi))
+        written.append(curve_figure(
+            by, col, out / f"{regime}_figure3.png",
+            [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence")],
+            f"{regime} regime: the paper's Figure 3 measure, JS divergence between the received "
+            "model's APP-U and its normalised class-wise accuracy", only=semi))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("root", help="the claims sweeps' output root (runs/claims)")
+    ap.add_argument("--out", default="reports/claims", help="where claims.md, .csv, PNGs go")
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"error: not a directory: {root}", file=sys.stderr)
+        return 2
+    runs = load(root)
+    if not runs:
+        print(f"error: no complete runs below {root}/<regime>/ (run `feddb sweep -m "
+              "sweep=claims_cpu` first)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = comparisons(runs)
+    figs = figures(runs, out)
+    text = markdown(runs, rows, figs)
+    (out / "claims.md").write_text(text)
+    write_csv(rows, out / "claims.csv")
+    print(text)
+    print(f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and "
+          f"{len(figs)} figures")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

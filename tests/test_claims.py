@@ -1,0 +1,84 @@
+"""`feddb claims`: the paper's claims as paired comparisons over the claims study's runs."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from feddb import claims
+from fssl.config import compose
+
+ROWS = {"fedavg": ["method=fedavg"], "fixmatch": ["method=fixmatch"],
+        "fixmatch-uniform": ["method=fixmatch", "server.weighting=uniform"],
+        "fixmatch-feddpl": ["method=fixmatch", "dpl=true"],
+        "feddb-without-dpl": ["method=feddb", "dpl=false"], "feddb": ["method=feddb"]}
+
+
+def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True):
+    cfg = compose([*ROWS[row], "experiment=miniature", f"seed={seed}", f"num_rounds={rounds}",
+                   f"train.warmup_rounds={warmup}", "partition=dir0.1"])
+    d = root / "cpu" / "mnist10k_dir0.1" / row / f"s{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "provenance.json").write_text(json.dumps({"commit": "abcdef0123", "dirty": False,
+                                                   "date": "2026-11-25T10:00:00+00:00",
+                                                   "hardware": "CPU, 2 cores"}))
+    lines = []
+    for r in range(1, (rounds if complete else rounds - 1) + 1):
+        cls = [worst] + [final] * 9
+        lines.append({"round": r, "test_accuracy": final, "val_accuracy": final,
+                      "class_accuracy": cls, "top_class_share": top, "collapsed": False,
+                      "clients": [{"app_u": [0.2, 0.8], "app_u_global": [0.3, 0.7]}],
+                      "robust": {"rule": "mean", "clip": None}, "dma": None})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
+    noise = [0.0, 0.004, -0.003]
+    for seed, e in enumerate(noise):
+        fake_run(tmp_path, "fedavg", seed, 0.80 + e, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch", seed, 0.90 + e, 0.7, 0.12)           # SSL: +10
+        fake_run(tmp_path, "fixmatch-uniform", seed, 0.90 + e, 0.7, 0.12)
+        fake_run(tmp_path, "fixmatch-feddpl", seed, 0.88 + e / 2, 0.75, 0.11)  # DPL -2, worst +5
+        fake_run(tmp_path, "feddb-without-dpl", seed, 0.90 + (-e if seed else 0.01), 0.7, 0.12)
+        fake_run(tmp_path, "feddb", seed, 0.88 + e, 0.75, 0.11)
+    fake_run(tmp_path, "feddb", 3, 0.99, 0.9, 0.1, complete=False)          # still running
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    section = md[md.index("## Verdicts"):md.index("## cpu regime")]
+    verdicts = {line.split("|")[1].strip(): line.split("|")[2].strip()
+                for line in section.splitlines()[4:] if line.startswith("| ")}
+    assert verdicts == {"SSL helps": "holds", "DPL helps": "fails",
+                        "DMA helps": "not shown", "FedDB beats FixMatch": "fails"}
+    assert "Provenance: 18 complete runs; commit abcdef0" in md            # the unfinished run out
+    assert "Defences that changed an aggregate: 0 of 18 runs" in md
+    rows = list(csv.DictReader((out / "claims.csv").open()))
+    dpl = next(r for r in rows if r["a"] == "FixMatch-FedDPL, n_m")
+    assert dpl["b"] == "FixMatch, n_m" and dpl["seeds"] == "0 1 2"
+    assert float(dpl["final_mean"]) == pytest.approx(-2.0 - 100 * np.mean(noise) / 2, abs=1e-4)
+    assert float(dpl["worst_final_mean"]) == pytest.approx(5.0)            # the worst class gains
+    assert float(dpl["top_final_mean"]) == pytest.approx(1.0)              # share falls 1 point
+    assert "| FixMatch, n_m | 3 | 90.03 ± 0.35 |" in md
+    assert "| 0.200 | 0 |" in md                                           # APP-U moved (L1)
+    for png in ("cpu_classes.png", "cpu_pseudo_labels.png", "cpu_figure3.png"):
+        assert (out / png).stat().st_size > 10_000 and f"]({png})" in md
+
+
+def test_runs_are_named_by_what_they_ran():
+    name = lambda *o: claims.label(compose(["experiment=miniature", *o]))  # noqa: E731
+    assert name("method=fixmatch") == "FixMatch, n_m"
+    assert name("method=fixmatch", "server.weighting=uniform") == "FixMatch, uniform"
+    assert name("method=fixmatch", "experiment=miniature_authors") == "FixMatch, uniform"
+    assert name("method=feddb", "dpl=false") == "FedDB w/o DPL"
+    assert name("method=feddb", "dma.enabled=false") == "FixMatch-FedDPL, n_m"
+    assert claims.setting_of(compose(["partition=lt100"])) == "long-tailed pool, ratio 100"
+
+
+def test_claims_input_errors(tmp_path, capsys):
+    assert claims.main([str(tmp_path / "nope")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    assert claims.main([str(tmp_path)]) == 2
+    assert "no complete runs" in capsys.readouterr().err
