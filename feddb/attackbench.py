@@ -15,8 +15,7 @@ server.robust.min_cosine=null, server.robust.loss_check=null) / with the default
 agreement filter nor the loss check / with the defaults. Then the honest checks: FedDB seeds 0-2
 with the defaults against no defence and against neither filter; the other methods (seed 0) with
 and without them; each filter alone (sign flip and honest, seeds 0-2). Every run has
-server.robust.scope=always: "the defaults" are a deployment's, where the loss check
-runs.
+server.robust.scope=always: "the defaults" are a deployment's, where every defence runs.
 Complete runs are skipped, so an interrupted benchmark resumes; the table goes to <out>/attacks.md.
 """
 
@@ -36,8 +35,8 @@ SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_
             "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
             "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
                       "checkpoint.every=0{extra}'"}
-# a node that attacks is a deployment's threat: the loss check, on by default only where the nodes
-# are SuperNodes, is in scope here as it would be there
+# a node that attacks is a deployment's threat: the defences, on by default only where the nodes
+# are SuperNodes, are in scope here as they would be there
 ALWAYS = " server.robust.scope=always"
 HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
           "forced": "node 0 of 20, in every round of 5"}

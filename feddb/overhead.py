@@ -3,8 +3,9 @@
     .venv/bin/feddb overhead                 # about 1 minute on 2 CPU cores
     .venv/bin/feddb overhead --profile       # also the top functions of the ServerApp and ClientApps
     .venv/bin/feddb overhead --eval-every 5  # the central evaluation every 5 rounds (eval.every)
-    .venv/bin/feddb overhead --eval-every 20 --no-defences   # the plumbing alone
-    .venv/bin/feddb overhead --loss-check    # with the loss check, on by default on SuperNodes
+    .venv/bin/feddb overhead --eval-every 20 # the plumbing alone (a simulation has no defences)
+    .venv/bin/feddb overhead --defences      # with a deployment's defences (norm bound, agreement
+        # filter, loss check, DMA cap: on by default on SuperNodes only)
     .venv/bin/feddb overhead --aggregation --experiment paper/cifar10_dir0.3   # no Flower: the
         # server's critical-path aggregation of 10 synthetic updates of that model (DMA, defences)
 
@@ -135,20 +136,16 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) 
     return json.loads(out.read_text())
 
 
-NO_DEFENCES = "server.robust.clip=null server.robust.min_cosine=null server.robust.loss_check=null"
-
-
-# the loss check runs on SuperNodes by default, not in a simulation: this puts it in scope here
-LOSS_CHECK = "server.robust.scope=always"
+# the defences run on SuperNodes by default, not in a simulation: this puts them in scope here
+DEFENCES = "server.robust.scope=always"
 
 
 def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,
-            eval_every: int = 1, defences: bool = True, loss_check: bool = False) -> list[dict]:
+            eval_every: int = 1, defences: bool = False) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
     overrides = (f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-                 f" eval.every={eval_every}" + ("" if defences else " " + NO_DEFENCES)
-                 + (" " + LOSS_CHECK if loss_check else ""))
+                 f" eval.every={eval_every}" + (" " + DEFENCES if defences else ""))
     from fssl.data import embedded_candidates
 
     data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
@@ -202,7 +199,7 @@ def top_functions(profile: Path, n: int = 12) -> dict[str, list[str]]:
 def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
                         repeats: int = 7) -> tuple[list[float], dict]:
     """Seconds of the server's work while a round's clients wait (DMA's weights, then the update
-    with the default defences: norm bound, agreement filter, momentum) on `clients` synthetic
+    with a deployment's defences: norm bound, agreement filter, momentum) on `clients` synthetic
     updates of the configured model, `repeats` times after one warm-up; and the last round's
     `robust` record. No Flower: the strategy's own methods, as a ServerApp calls them."""
     import torch
@@ -244,19 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="let Flower start Ray in each run instead of the launcher's Ray head")
     ap.add_argument("--eval-every", type=int, default=1, metavar="N",
                     help="the project's eval.every: central evaluation every N rounds (default 1)")
-    ap.add_argument("--no-defences", action="store_true",
-                    help="without the server's defences (norm bound, agreement filter, loss "
-                         f"check): {NO_DEFENCES}")
-    ap.add_argument("--loss-check", action="store_true",
-                    help="with the loss check, a default only on SuperNodes (a deployment's "
-                         f"server work): {LOSS_CHECK}")
+    ap.add_argument("--defences", action="store_true",
+                    help="with the defences, defaults only on SuperNodes (a deployment's server "
+                         f"work: norm bound, agreement filter, loss check, DMA cap): {DEFENCES}")
     ap.add_argument("--aggregation", action="store_true",
                     help="only time the server's aggregation of synthetic updates (no Flower)")
     ap.add_argument("--experiment", help="with --aggregation: an experiment preset for the "
                     "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN")
     args = ap.parse_args(argv)
-    if args.loss_check and args.no_defences:
-        ap.error("--loss-check and --no-defences contradict each other: choose one")
     if args.experiment and not args.aggregation:
         ap.error("--experiment goes with --aggregation (the simulations use the default CNN)")
     if args.aggregation:
@@ -280,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             profile.mkdir()
         t0 = time.perf_counter()
         records = project(args.rounds, tmp, profile, not args.flower_ray, args.eval_every,
-                          not args.no_defences, args.loss_check)
+                          args.defences)
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
         shapes = model_shapes()
@@ -295,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             ("server's own work, overlapping the clients' (next round's instructions go out "
              "first)", p["server_work"]),
             ("  configure (instructions)", p["configure"]),
-            ("  aggregation (DMA, defences" + (" off" if args.no_defences else "")
+            ("  aggregation (DMA, defences" + ("" if args.defences else " off")
              + ", momentum)", p["aggregate"]),
             ("    of which the loss check (m + 1 evaluations of 500 validation images)",
              p["loss_check"]),

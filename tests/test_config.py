@@ -35,6 +35,13 @@ def test_paper_presets(name):
     expected = {"cifar10": 4000, "cifar100": 10000, "svhn": 1000 if part == "iid" else 4000}
     assert cfg["dataset"]["num_labeled"] == expected[ds]
     assert group_options("experiment").count(name) == 1
+    # the paper's protocol: full-batch E = 5, tau 0.95, batch-statistics BN, uniform weights, no
+    # validation split, Algorithm 2's APP-U as printed
+    assert (cfg["train"]["mode"], cfg["train"]["local_epochs"], cfg["train"]["tau"]) == (
+        "fullbatch", 5, 0.95)
+    assert cfg["model"]["norm"] == "batchstat" and cfg["server"]["weighting"] == "uniform"
+    assert cfg["dataset"]["val_size"] == 0 and cfg["app_u"]["estimate"] == "literal"
+    assert cfg["train"]["warmup_rounds"] == 0 and cfg["dma"]["enabled"] is True
 
 
 @pytest.mark.parametrize("rc,match", [

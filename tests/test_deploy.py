@@ -40,8 +40,12 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
     deployed = metrics_without_timing(out)
     assert [r["round"] for r in deployed] == [1]
     assert all(len(r["clients"]) == 3 and r["num_failures"] == 0 for r in deployed)
-    # on SuperNodes every defence runs by default (server.robust.scope=deployment)
+    # on SuperNodes every defence runs by default (server.robust.scope=deployment): the norm
+    # bound, the agreement filter, the loss check and the DMA cap
     assert all(None not in r["robust"]["loss_impact"] for r in deployed)
+    assert all(r["robust"]["clip"] == 4.0 and "norm_bound" in r["robust"] and
+               len(r["robust"]["cosines"]) == 3 and r["dma"]["cap"] == 2.0 for r in deployed)
+    assert "runs the methods as published" not in res.stdout
     # the same configuration in simulation, the defences in scope there too: the same metrics
     sim = tmp_path / "sim"
     run_in_process({"num-server-rounds": 1, "seed": 2, "output-dir": str(sim),

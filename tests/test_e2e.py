@@ -47,8 +47,17 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
         assert np.linalg.norm(w @ p - 0.1) <= np.linalg.norm(p.mean(0) - 0.1) + 1e-12
         assert r["dma"]["loss_weights"] <= r["dma"]["loss_uniform"]
     for name in ("config.yaml", "partition.json", "partition_summary.txt", "summary.json",
-                 "final_model.pt"):
+                 "final_model.pt", "provenance.json"):
         assert (out / name).is_file(), name
+    # a simulation runs the method as published: no defence acts, and the run says so once
+    assert res.stdout.count("a simulation runs the methods as published: the norm bound") == 1
+    assert all(r["robust"]["clip"] is None and "cosines" not in r["robust"]
+               and "loss_impact" not in r["robust"] and r["dma"]["cap"] is None for r in rounds)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["defence_rounds"] == {"clipped": 0, "filtered": 0, "loss_checked_out": 0,
+                                         "dma_cap_bound": 0}
+    prov = json.loads((out / "provenance.json").read_text())
+    assert len(prov["commit"]) == 40 and prov["torch"] and prov["date"].startswith("20")
     assert not flower_pids(tmp_path / "flwr-home")            # the SuperLink was stopped
     # the start-up timeline: the launcher, then the SuperLink, then the ServerApp's steps in order
     t = json.loads((out / "startup.json").read_text())

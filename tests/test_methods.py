@@ -274,3 +274,26 @@ def test_fedrgd_client_labels_all_unlabeled_data_online_each_step_fixmatch_once_
         t.begin_round(None, data, probs, prior)
         _, n_extra, _ = t.unlabeled_batch(None, data, None, prior)
         assert n_extra == expected
+
+
+@pytest.mark.parametrize("experiment", ["quick", "miniature", "miniature_authors"])
+def test_the_shipped_app_u_carries_local_training_in_the_cpu_presets(experiment):
+    """Algorithm 2 as printed averages the models *entering* each epoch: with the CPU presets'
+    one epoch the shipped APP-U is the received model's and DMA never sees local training. The
+    default estimate takes each epoch's model after its update."""
+    def fit(*extra):
+        cfg = cfg_for("feddb", f"experiment={experiment}", "train.tau=0.5", *extra)
+        torch.manual_seed(0)
+        model = make_model(cfg, 10, 1)
+        m = trainer_for(cfg).fit(model, toy_data(n_l=16, n_u=64), lr=0.1, seed=1, lambda_u=1.0)
+        return cfg, np.array(m["app_u"]), np.array(m["app_u_global"])
+
+    cfg, shipped, received = fit()
+    assert cfg["app_u"]["estimate"] == "local"
+    assert np.abs(shipped - received).max() > 1e-3
+    assert shipped.sum() == pytest.approx(1.0, abs=1e-5)
+    cfg, literal, received = fit("app_u.estimate=literal")
+    if cfg["train"]["local_epochs"] == 1:
+        assert np.array_equal(literal, received)     # what the literal estimate ships
+    else:
+        assert np.abs(literal - received).max() > 0

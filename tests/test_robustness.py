@@ -285,3 +285,27 @@ def test_flower_strategy_state_survives_a_crash_and_resume(small_npz, tmp_path):
     assert records(base)[-1]["strategy"]["name"] == "fedadam"
     resumed = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz, overrides)
     assert records(resumed) == records(base)
+
+
+def test_an_honest_simulation_with_the_defaults_runs_the_method_as_published(small_npz, tmp_path,
+                                                                           capsys):
+    """No defence acts in a simulation (server.robust.scope=deployment): nothing clipped or
+    dropped, DMA unbounded, one line says so and how to turn them on; the run records it."""
+    run = run_server(tmp_path / "run", small_npz,
+                     overrides=OVERRIDES.replace("checkpoint.every=2", "checkpoint.every=0"))
+    out = capsys.readouterr().out
+    assert out.count("a simulation runs the methods as published") == 1
+    assert "server.robust.scope=always turns them on here" in out
+    rounds = records(run)
+    assert all(r["robust"] == {"rule": "mean", "clip": None} and r["dma"]["cap"] is None
+               and r["dma"]["at_cap"] == 0 for r in rounds)
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["defence_rounds"].values()) == {0}
+    saved = (run / "config.yaml").read_text()
+    assert "cap: null" in saved and "scope: deployment" in saved      # what ran, as it ran
+    # the same federation with a deployment's defences: they act (here the norm bound measures
+    # every update and the agreement filter every cosine)
+    guarded = records(run_server(tmp_path / "guarded", small_npz,
+                                 overrides=OVERRIDES + " server.robust.scope=always"))
+    assert all(r["robust"]["clip"] == 4.0 and len(r["robust"]["cosines"]) == 3
+               and r["dma"]["cap"] == 2.0 for r in guarded)

@@ -229,15 +229,6 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
         assert validate(ref, project_dir=tmp_path) == (True, None)
 
 
-def test_overhead_refuses_contradicting_flags(capsys):
-    from feddb.overhead import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(["--loss-check", "--no-defences"])
-    assert exit_.value.code == 2
-    assert "--loss-check and --no-defences contradict" in capsys.readouterr().err
-
-
 def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
     """`feddb overhead --aggregation`: DMA and the update with the default defences, on the
     strategy's own methods (the norm bound and the agreement filter saw every update)."""
