@@ -8,7 +8,8 @@ def test_defaults_are_the_quick_feddb_run():
     cfg = compose()
     assert cfg["method"]["name"] == "feddb" and cfg["dpl"] is True and cfg["dma"]["enabled"]
     assert cfg["dataset"]["name"] == "mnist10k" and cfg["model"]["name"] == "cnn"
-    assert cfg["partition"] == {"mode": "dirichlet", "delta": 0.3, "min_size": 1}
+    assert cfg["partition"] == {"mode": "dirichlet", "delta": 0.3, "min_size": 1,
+                                "imbalance_ratio": None}
     assert cfg["train"]["tau"] == 0.95 and cfg["dma"]["steps"] == 100 and cfg["dma"]["lr"] == 1.0
 
 

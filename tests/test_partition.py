@@ -73,3 +73,17 @@ def test_saved_and_summarised(labels, tmp_path):
     assert summary["labeled"][0] == np.bincount(labels[p.labeled[0]], minlength=10).tolist()
     table = summary_table(p, labels)
     assert table.count("\n") == 2 + 20
+
+
+@pytest.mark.parametrize("ratio", [10, 100])
+def test_a_long_tailed_unlabeled_pool_keeps_the_labels_balanced(ratio):
+    y = np.repeat(np.arange(10), 700)
+    part = make_partition(y, 10, 100, 20, "iid", None, seed=1, imbalance_ratio=ratio)
+    labeled = np.bincount(y[np.concatenate(part.labeled)], minlength=10)
+    assert (labeled == 10).all()
+    own = set(np.concatenate(part.labeled).tolist())
+    pool = np.array([i for u in part.unlabeled for i in u if i not in own])
+    counts = np.bincount(y[pool], minlength=10)
+    assert counts[0] == 690 and counts[-1] == round(690 / ratio)    # head and tail
+    assert (np.diff(counts) < 0).all()                               # falling class by class
+    assert len(np.unique(pool)) == len(pool)                         # every image once
