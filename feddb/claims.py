@@ -5,7 +5,7 @@
 
 Reads <root>/<regime>/<dataset>_<partition>/<row>/s<seed> (the sweeps' layout), names each run by
 what it ran (the method, DPL, DMA and, without DMA, the weighting it fell back to), and writes
-claims.md, claims.csv and figures: per regime and setting, mean ± std over seeds of the final test
+claims.md, claims.csv, runs.csv (every run, for `feddb reproduce`) and figures: per regime and setting, mean ± std over seeds of the final test
 accuracy, the test accuracy at the best-validation round, the worst class's test accuracy and the
 largest one-class share of test predictions (final, and averaged over the semi-supervised rounds);
 the paired per-seed differences that test each claim, with 95 % intervals; a verdict per claim and
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from feddb.report import colours, curve_figure, interval95, load_runs
+from feddb.reproduce import write_runs
 from server_app.recorder import run_summary
 
 # (label, what the number is, larger is better)
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(runs, rows, figs)
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")
+    write_runs(runs, out / "runs.csv")
     print(text)
     print(f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and "
           f"{len(figs)} figures")

@@ -14,6 +14,7 @@ COMMANDS = {
     "sweep": ("feddb.sweep", "a resumable grid of runs (Hydra multirun: -m row=... seed=...)"),
     "report": ("feddb.report", "tables, paired differences and figures from run directories"),
     "claims": ("feddb.claims", "the paper's claims tested on the claims study's runs"),
+    "reproduce": ("feddb.reproduce", "re-run a table's runs and check they land within tolerance"),
     "ladder": ("feddb.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
     "attacks": ("feddb.attackbench", "the attack benchmark: one malicious client of five a round"),
     "bench": ("feddb.benchmark", "the speed benchmark"),

@@ -10,7 +10,8 @@ the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
   accuracy (%), as the paper's Tables 1-3, collapsed runs flagged; paired per-seed differences
   (FixMatch − FedAvg, X-FedDPL − X, FedDB − FixMatch-FedDPL, ...) with a 95 % interval; the
   accuracy of confident pseudo-labels per method; the DPL/DMA ablation of FedDB's FixMatch client
-  (Table 4); results.csv: the numbers, one line per cell;
+  (Table 4); results.csv: the numbers, one line per cell; runs.csv: every run it read, with its
+  commit and run-config (what `feddb reproduce` re-runs);
 - when the runs span several server strategies (`strategy=`): strategies × the clients' methods,
   final accuracy and paired differences from Flower's FedAvg, and strategies.png;
 - convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
@@ -657,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(runs, rows) + embed(figs)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
+    from feddb.reproduce import write_runs
+
+    write_runs(runs, out / "runs.csv")
     print(text)
     print(f"[report] {len(runs)} runs; wrote {out / 'results.md'}, {out / 'results.csv'} and "
           f"{', '.join(p.name for p in figs)} in {out}")

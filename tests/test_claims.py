@@ -82,3 +82,35 @@ def test_claims_input_errors(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     assert claims.main([str(tmp_path)]) == 2
     assert "no complete runs" in capsys.readouterr().err
+
+
+def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(small_npz, tmp_path, capsys,
+                                                                  task_identity):
+    """A run in the sweep layout, its runs.csv line, then `feddb reproduce`: the same code and
+    run-config land on the same accuracy; a published figure moved by 2 points does not pass."""
+    from feddb import reproduce
+    from feddb.report import load_runs
+    from localgrid import run_in_process
+
+    run_dir = tmp_path / "pub" / "cpu" / "npz_dir0.3" / "fixmatch" / "s1"
+    run_in_process({"method": "fixmatch", "dataset": "npz", "data-path": str(small_npz),
+                    "seed": 1, "num-server-rounds": 2, "output-dir": str(run_dir),
+                    "overrides": "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=100 "
+                                 "train.tau=0.5 fl.node_wait=0 checkpoint.every=0"})
+    runs = [dict(r, regime="cpu") for r in load_runs([tmp_path / "pub"])]
+    table = tmp_path / "runs.csv"
+    reproduce.write_runs(runs, table)
+    line = next(csv.DictReader(table.open()))
+    assert (line["regime"], line["row"], line["dataset"], line["partition"], line["seed"]) == (
+        "cpu", "fixmatch", "npz", "dir0.3", "1")
+    assert "output-dir" not in json.loads(line["run_config"])
+    out = tmp_path / "again"
+    assert reproduce.main([str(table), "--select", "regime=cpu seed=1", "--out", str(out)]) == 0
+    assert "1 of 1 within 1.5 points (largest difference 0.00)" in capsys.readouterr().out
+    moved = tmp_path / "moved.csv"
+    moved.write_text(table.read_text().replace(f",{line['final']},", f",{float(line['final']) + 2:.2f},"))
+    assert reproduce.main([str(moved), "--select", "seed=1", "--out", str(out)]) == 1  # reused
+    assert "OUTSIDE the tolerance" in capsys.readouterr().out
+    assert reproduce.main([str(table), "--select", "seed=7", "--out", str(out)]) == 2
+    assert reproduce.main([str(table), "--select", "colour=red"]) == 2
+    assert "choose from regime" in capsys.readouterr().err
