@@ -319,9 +319,10 @@ def test_the_loss_check_tolerance_shrinks_with_the_step():
 
 
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
-    # the loss check alone, in scope on the in-process grid (a simulation) as in a deployment
+    # the loss check alone, in scope on the in-process grid (a simulation) as in a deployment;
+    # FixMatch's fixed weights, so that what is tested is the check, not DMA's weighting of node 0
     alone = "dataset.val_size=200 server.robust.min_cosine=null"
-    full = run(tmp_path, "lfr", small_npz, "feddb", "sign_flip", alone, rounds=3)
+    full = run(tmp_path, "lfr", small_npz, "fixmatch", "sign_flip", alone, rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in full)
     assert all(None not in r["robust"]["loss_impact"] for r in full)
     assert all(0 not in r["robust"]["selected"] for r in full)
@@ -330,19 +331,19 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
     assert full[-1]["lr"] < 0.1
     # testing only the two least agreeing updates (lowest cosine with the others' median): the
     # flipped one goes whenever it is one of them (rounds 1-2 here; not round 3)
-    rounds = run(tmp_path, "lfr2", small_npz, "feddb", "sign_flip",
+    rounds = run(tmp_path, "lfr2", small_npz, "fixmatch", "sign_flip",
                  f"{alone} server.robust.loss_check_candidates=2", rounds=3)
     for r in rounds:
         tested = [i for i, v in enumerate(r["robust"]["loss_impact"]) if v is not None]
         assert tested == sorted(np.argsort(r["robust"]["cosines"])[:2].tolist())
         assert r["robust"]["loss_dropped"] == ([0] if 0 in tested else [])
     assert rounds[0]["robust"]["loss_dropped"] == [0]
-    off = run(tmp_path, "lfr-off", small_npz, "feddb", "sign_flip",
+    off = run(tmp_path, "lfr-off", small_npz, "fixmatch", "sign_flip",
               f"dataset.val_size=200 {NO_FILTER}", rounds=3)
     assert all("loss_dropped" not in r["robust"] for r in off)
     assert full[-1]["val_loss"] < off[-1]["val_loss"]
     # by default (`server.robust.scope: deployment`) a simulation does not run it
-    sim = run(tmp_path, "lfr-sim", small_npz, "feddb", "sign_flip",
+    sim = run(tmp_path, "lfr-sim", small_npz, "fixmatch", "sign_flip",
               f"{alone} server.robust.scope=deployment", rounds=1)
     assert "loss_dropped" not in sim[0]["robust"] and "loss_impact" not in sim[0]["robust"]
 
