@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from feddb.report import colours, curve_figure, interval95, load_runs
+from feddb.report import colours, curve_figure, embed, interval95, load_runs
 from feddb.reproduce import write_runs
 from server_app.recorder import run_summary
 
@@ -227,10 +227,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
                 out.append(f"| {r['claim']} | {r['a']} − {r['b']} | {len(r['seeds'])} | "
                            + " | ".join(interval_text(r[k]) for k, _, _ in METRICS) + " |")
         out.append("")
-    out += ["## Figures", ""]
-    for p in figs:
-        out += [f"![{p.stem}]({p.name})", ""]
-    return "\n".join(out)
+    return "\n".join(out) + embed(figs)
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

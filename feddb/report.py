@@ -624,14 +624,20 @@ CAPTIONS = {"convergence.png": "Test accuracy and the share of the most-predicte
             "pseudo_labels.png": "Accuracy and share of the confident pseudo-labels per round",
             "js_divergence.png": "APP-U against the class-wise accuracy (the paper's Figure 3)",
             "dma_weights.png": "How far DMA's weights are from uniform per round",
-            "strategies.png": "Final accuracy per server strategy"}
+            "strategies.png": "Final accuracy per server strategy",
+            "classes.png": "The worst class's test accuracy and the largest one-class share of "
+                           "test predictions per round",
+            "figure3.png": "APP-U against the class-wise accuracy (the paper's Figure 3)"}
 
 
 def embed(figs: list[Path]) -> str:
     """Markdown that shows the figures written beside results.md."""
     lines = ["", "### Figures", ""]
     for p in figs:
-        caption = CAPTIONS.get(p.name, p.stem.replace("_", " "))
+        regime, _, figure = p.name.partition("_")      # the claims study's <regime>_<figure>
+        caption = CAPTIONS.get(p.name) or (f"{regime} regime: {CAPTIONS[figure][0].lower()}"
+                                           f"{CAPTIONS[figure][1:]}" if figure in CAPTIONS
+                                           else p.stem.replace("_", " "))
         lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
     return "\n".join(lines)
 
