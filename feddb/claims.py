@@ -208,9 +208,9 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
     for regime, sett in cells:
         rs = [r for r in runs if r["regime"] == regime and r["setting"] == sett]
         out += [f"## {regime} regime, {sett}", "",
-                "| run | seeds | final, % | at best validation, % | worst class, final | "
-                "one-class share, final | worst class, semi rounds | one-class share, semi "
-                "rounds | APP-U moved (L1) | collapsed |", "|---" * 10 + "|"]
+                "| run | seeds | final, % | at best validation, % | worst class, final, % | "
+                "one-class share, final, % | worst class, semi rounds, % | one-class share, semi "
+                "rounds, % | APP-U moved by local training (L1) | collapsed |", "|---" * 10 + "|"]
         for var in ordered((r["variant"] for r in rs), ORDER):
             v = [r for r in rs if r["variant"] == var]
             moved = [r["app_u_moved"] for r in v if r["app_u_moved"] is not None]
