@@ -74,6 +74,7 @@ def setting_of(cfg: dict[str, Any]) -> str:
     return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
 
 
+SMOOTH = 5          # rounds in the figures' trailing means (one round's values swing widely)
 SETTING_ORDER = ["δ=0.1", "δ=0.3", "IID", "long-tailed pool, ratio 10", "long-tailed pool, ratio 100"]
 
 
@@ -264,18 +265,21 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
              ("one-class share", lambda x: x.get("top_class_share"),
               "share of the most-predicted class")],
             f"{regime} regime: the worst class's test accuracy and the largest one-class share of "
-            "test predictions per round (mean ± std over seeds)"))
+            f"test predictions per round (mean ± std over seeds, trailing mean of {SMOOTH} rounds)",
+            smooth=SMOOTH))
         written.append(curve_figure(
             by, col, out / f"{regime}_pseudo_labels.png",
             [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy_pooled"),
               "accuracy of confident pseudo-labels"),
              ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "share confident")],
-            f"{regime} regime: confident pseudo-labels per round", only=semi))
+            f"{regime} regime: confident pseudo-labels per round (trailing mean of {SMOOTH} rounds)",
+            only=semi, smooth=SMOOTH))
         written.append(curve_figure(
             by, col, out / f"{regime}_figure3.png",
             [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence")],
             f"{regime} regime: the paper's Figure 3 measure, JS divergence between the received "
-            "model's APP-U and its normalised class-wise accuracy", only=semi))
+            f"model's APP-U and its normalised class-wise accuracy (trailing mean of {SMOOTH} "
+            "rounds)", only=semi, smooth=SMOOTH))
     return written
 
 

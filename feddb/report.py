@@ -500,8 +500,8 @@ def _num(v) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan")
 
 
-def _grid(n: int, plt, width: float = 5.5, height: float = 4.0):
-    cols = min(n, 3)
+def _grid(n: int, plt, width: float = 5.5, height: float = 4.0, cols: int = 3):
+    cols = min(n, cols)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     for ax in axes.flat[n:]:
@@ -522,14 +522,26 @@ def _title(fig, text: str) -> None:
     fig.tight_layout()
 
 
+def trailing_mean(v: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last `window` values at each point (fewer at the start)."""
+    if window <= 1:
+        return v
+    c = np.cumsum(np.insert(v, 0, 0.0))
+    n = np.minimum(np.arange(1, len(v) + 1), window)
+    return (c[1:] - c[np.arange(1, len(v) + 1) - n]) / n
+
+
 def curve_figure(by: dict[str, dict[str, list[dict]]], col: dict[str, Any], path: Path,
-                 panels: list[tuple[str, Any, str]], title: str, only=None) -> Path:
-    """One panel per (setting, quantity): a per-round quantity's mean over seeds per variant,
-    ± one std shaded; `by`: setting -> variant -> runs."""
+                 panels: list[tuple[str, Any, str]], title: str, only=None,
+                 smooth: int = 1) -> Path:
+    """One panel per (setting, quantity), a setting's quantities side by side: a per-round
+    quantity's mean over seeds per variant, ± one std shaded (each a trailing mean over `smooth`
+    evaluated rounds); `by`: setting -> variant -> runs."""
     import matplotlib.pyplot as plt
 
     settings = setting_order(by) if all(" " in s for s in by) else list(by)
-    fig, axes = _grid(len(settings) * len(panels), plt)
+    fig, axes = _grid(len(settings) * len(panels), plt,
+                      cols=len(panels) if len(panels) > 1 else 3)
     for i, s in enumerate(settings):
         for j, (label, key, ylabel) in enumerate(panels):
             ax = axes[i * len(panels) + j]
@@ -541,7 +553,7 @@ def curve_figure(by: dict[str, dict[str, list[dict]]], col: dict[str, Any], path
                 ok = np.isfinite(m)          # rounds between evaluations (eval.every) are gaps
                 if not ok.any():
                     continue
-                x, m, sd = x[ok], m[ok], sd[ok]
+                x, m, sd = x[ok], trailing_mean(m[ok], smooth), trailing_mean(sd[ok], smooth)
                 ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
                         lw=1.5)
                 if len(rs) > 1:
