@@ -211,3 +211,11 @@ def test_report_colours_pair_each_method_with_its_dpl_variant():
     assert col["SemiFL"] == tab20(8) and col["SemiFL-FedDPL"] == tab20(9)
     assert len(set(col.values())) == 6                        # an unknown variant gets its own
     assert report.dashes("SemiFL-FedDPL") == "--" and report.dashes("FedDB") == "-"
+
+
+def test_trailing_means_average_the_last_rounds_only():
+    from feddb.report import trailing_mean
+
+    v = np.array([1.0, 3.0, 5.0, 7.0])
+    assert trailing_mean(v, 2).tolist() == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean(v, 1) is v and trailing_mean(v, 9).tolist() == [1.0, 2.0, 3.0, 4.0]
