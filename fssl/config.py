@@ -233,9 +233,12 @@ def validate(cfg: dict[str, Any]) -> None:
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
     _require(rb.get("scope", "deployment") in ("deployment", "always"), "server.robust.scope",
              rb.get("scope"), "deployment, always")
-    _require("loss_check_scope" not in rb, "server.robust.loss_check_scope",
-             rb.get("loss_check_scope"), "nothing: it became server.robust.scope, which places "
-             "every defence (deployment, always)")
+    if "loss_check_scope" in rb:
+        raise ConfigError(
+            "server.robust.loss_check_scope is gone: server.robust.scope (deployment, always) now "
+            "places every defence. A run saved with it ran the norm bound and the agreement filter "
+            "in simulations too; resume it with the code it was made with (its provenance.json, "
+            "or commit cd84422), or start it anew")
     _require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
              rb.get("loss_check_scale"), "lr, none")
     cands = rb.get("loss_check_candidates")

@@ -85,7 +85,7 @@ def test_paper_presets(name):
     ({"overrides": "server.robust.scope=never"},
      "`server.robust.scope`: 'never'; allowed: deployment, always"),
     ({"overrides": "+server.robust.loss_check_scope=always"},
-     "it became server.robust.scope"),
+     "server.robust.loss_check_scope is gone: server.robust.scope"),
     ({"overrides": "app_u.estimate=final"}, "`app_u.estimate`: 'final'; allowed: local, literal"),
     ({"overrides": "partition.imbalance_ratio=0.5"}, "`partition.imbalance_ratio`: 0.5"),
     ({"overrides": "server.robust.loss_check_scale=step"},
