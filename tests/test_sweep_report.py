@@ -219,3 +219,22 @@ def test_trailing_means_average_the_last_rounds_only():
     v = np.array([1.0, 3.0, 5.0, 7.0])
     assert trailing_mean(v, 2).tolist() == [1.0, 2.0, 4.0, 6.0]
     assert trailing_mean(v, 1) is v and trailing_mean(v, 9).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("preset", ["claims_cpu", "claims_authors", "claims_cpu_more",
+                                    "claims_authors_more"])
+def test_the_claims_presets_run_known_rows_in_whole_seeds(preset):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from feddb.sweep import rows
+
+    with initialize_config_dir(config_dir=str(PROJECT / "conf" / "sweeps"), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=[f"sweep={preset}"],
+                            return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert list(params)[0] == "seed"              # seeds outermost: an interrupted sweep
+    assert set(params["row"].split(",")) <= set(rows())        # leaves whole seeds
+    for part in params["partition"].split(","):
+        compose([f"experiment={cfg.experiment}", f"partition={part}"])   # valid configurations
+    assert cfg.out == f"runs/claims/{preset.split('_')[1]}"
