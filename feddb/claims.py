@@ -172,16 +172,21 @@ def mean_std(values: list[float]) -> str:
 
 
 def provenance_line(runs: list[dict[str, Any]]) -> str:
-    provs = [r["provenance"] for r in runs]
-    commits = sorted({str(p.get("commit"))[:7] + ("+" if p.get("dirty") else "") for p in provs})
-    dates = sorted({str(p.get("date", ""))[:10] for p in provs if p.get("date")})
+    """The runs' code, dates, machine and seeds in one line: the first and last commit the runs
+    were started at (check that the training code is the same between them with `git diff`)."""
+    provs = sorted((r["provenance"] for r in runs), key=lambda p: str(p.get("date", "")))
+    commits = list(dict.fromkeys(str(p.get("commit"))[:7] for p in provs))
+    dirty = sum(bool(p.get("dirty")) for p in provs)
+    dates = [str(p.get("date", ""))[:10] for p in provs if p.get("date")]
     hardware = sorted({str(p.get("hardware")) for p in provs if p.get("hardware")})
     seeds = sorted({r["seed"] for r in runs})
     span = " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "date unknown"
-    return (f"Provenance: {len(runs)} complete runs; commit {', '.join(commits)} "
-            f"(+: uncommitted changes); {span}; "
-            f"{'; '.join(hardware) or 'hardware unknown'}, one thread per run; seeds "
-            f"{', '.join(map(str, seeds))} (per cell below).")
+    code = (f"commit {commits[0]}" if len(commits) == 1 else
+            f"commits {commits[0]} to {commits[-1]} ({len(commits)} commits)")
+    return (f"Provenance: {len(runs)} complete runs, started at {code}"
+            + (f", {dirty} of them with uncommitted changes in the tree" if dirty else "")
+            + f"; {span}; {'; '.join(hardware) or 'hardware unknown'}, one thread per run; "
+            f"seeds {', '.join(map(str, seeds))} (per cell below).")
 
 
 def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[Path]) -> str:

@@ -53,7 +53,7 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
                 for line in section.splitlines()[4:] if line.startswith("| ")}
     assert verdicts == {"SSL helps": "holds", "DPL helps": "fails",
                         "DMA helps": "not shown", "FedDB beats FixMatch": "fails"}
-    assert "Provenance: 18 complete runs; commit abcdef0" in md            # the unfinished run out
+    assert "Provenance: 18 complete runs, started at commit abcdef0;" in md  # unfinished: out
     assert "Defences that changed an aggregate: 0 of 18 runs" in md
     rows = list(csv.DictReader((out / "claims.csv").open()))
     dpl = next(r for r in rows if r["a"] == "FixMatch-FedDPL, n_m")
