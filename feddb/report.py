@@ -647,9 +647,8 @@ def embed(figs: list[Path]) -> str:
     lines = ["", "### Figures", ""]
     for p in figs:
         regime, _, figure = p.name.partition("_")      # the claims study's <regime>_<figure>
-        caption = CAPTIONS.get(p.name) or (f"{regime} regime: {CAPTIONS[figure][0].lower()}"
-                                           f"{CAPTIONS[figure][1:]}" if figure in CAPTIONS
-                                           else p.stem.replace("_", " "))
+        caption = CAPTIONS.get(p.name) or (f"{regime} regime. {CAPTIONS[figure]}"
+                                           if figure in CAPTIONS else p.stem.replace("_", " "))
         lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
     return "\n".join(lines)
 
