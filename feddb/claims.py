@@ -288,10 +288,62 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
+# what a record keeps (the rest of metrics.jsonl is per-client detail no table reads)
+ROUND_KEYS = ("round", "evaluated", "test_accuracy", "val_accuracy", "top_class_share", "collapsed",
+              "class_accuracy", "pseudo_label_accuracy", "pseudo_label_accuracy_pooled",
+              "pseudo_label_ratio", "js_divergence", "js_divergence_labeled", "lr", "skipped")
+RUN_FILES = ("config.yaml", "summary.json", "provenance.json", "run_config.json")
+
+
+def _rounded(x: Any) -> Any:
+    """Floats to 7 decimals: every table and interval comes out the same, at a third the size."""
+    if isinstance(x, float):
+        return round(x, 7)
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return x
+
+
+def trimmed(record: dict[str, Any]) -> dict[str, Any]:
+    rb, dma = record.get("robust") or {}, record.get("dma")
+    return _rounded({
+        **{k: record.get(k) for k in ROUND_KEYS},
+        "clients": [{k: c.get(k) for k in ("partition_id", "app_u", "app_u_global", "weight")}
+                    for c in record.get("clients", [])],
+        "robust": {k: rb[k] for k in ("rule", "clip", "clipped", "dropped", "loss_dropped")
+                   if k in rb},
+        "dma": None if dma is None else {k: dma.get(k) for k in (
+            "at_cap", "cap", "weight_entropy", "loss_weights", "loss_uniform", "weights")}})
+
+
+def archive(runs: list[dict[str, Any]], root: Path, path: Path) -> None:
+    """The records behind the tables, as <root name>/<regime>/.../s<seed>/ in a .tar.xz: each
+    run's configuration, summary, provenance and run-config, and its metrics trimmed to what the
+    report reads. Unpacked beside the runs (`tar xJf ... -C runs`), the sweeps skip them and
+    `feddb claims` gives the same tables."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:xz") as tar:
+        for run in sorted(runs, key=lambda r: str(r["dir"])):
+            rel = Path(root.resolve().name) / run["dir"].resolve().relative_to(root.resolve())
+            files = {name: (run["dir"] / name).read_bytes() for name in RUN_FILES
+                     if (run["dir"] / name).is_file()}
+            files["metrics.jsonl"] = "".join(json.dumps(trimmed(r)) + "\n"
+                                             for r in run["rounds"]).encode()
+            for name, data in files.items():
+                info = tarfile.TarInfo(str(rel / name))
+                info.size, info.mtime = len(data), 0
+                tar.addfile(info, io.BytesIO(data))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("root", help="the claims sweeps' output root (runs/claims)")
     ap.add_argument("--out", default="reports/claims", help="where claims.md, .csv, PNGs go")
+    ap.add_argument("--archive", help="also write the runs' records (trimmed) to this .tar.xz")
     args = ap.parse_args(argv)
     root = Path(args.root)
     if not root.is_dir():
@@ -310,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")
     write_runs(runs, out / "runs.csv")
+    if args.archive:
+        archive(runs, root, Path(args.archive))
     print(text)
     print(f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and "
           f"{len(figs)} figures")

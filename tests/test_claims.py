@@ -65,6 +65,15 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
     assert "| 0.200 | 0 |" in md                                           # APP-U moved (L1)
     for png in ("cpu_classes.png", "cpu_pseudo_labels.png", "cpu_figure3.png"):
         assert (out / png).stat().st_size > 10_000 and f"]({png})" in md
+    # the archived records give the same tables
+    import tarfile
+
+    assert claims.main([str(tmp_path), "--out", str(out), "--archive", str(tmp_path / "a.tar.xz")]) == 0
+    with tarfile.open(tmp_path / "a.tar.xz") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    again = tmp_path / "again"
+    assert claims.main([str(tmp_path / "unpacked" / tmp_path.name), "--out", str(again)]) == 0
+    assert (again / "claims.csv").read_text() == (out / "claims.csv").read_text()
 
 
 def test_runs_are_named_by_what_they_ran():
