@@ -79,7 +79,9 @@ def rerun(line: dict, out: Path) -> float | None:
         with open(log_file, "w") as log:
             code = subprocess.call([sys.executable, "-m", "feddb.inprocess", "--run-config",
                                     format_run_config(rc)], cwd=PROJECT, stdout=log,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT,
+                                   env={"OMP_NUM_THREADS": "1", **os.environ})  # the published
+                                                                  # runs' thread count, by default
         if code != 0 or not complete(run_dir):
             print(f"[reproduce] FAILED {line['row']} seed {line['seed']}: exit {code}, see "
                   f"{log_file}", flush=True)
@@ -113,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no run of {path} matches --select '{args.select}' --rows "
               f"'{args.rows}'", file=sys.stderr)
         return 2
-    os.environ.setdefault("OMP_NUM_THREADS", "1")     # the published runs' thread count
     worst = 0.0
     failed = 0
     for line in chosen:
