@@ -3,7 +3,7 @@
 The server sends the resolved configuration (JSON, with the dataset's classes, channels and
 normalisation) with every instruction, so clients need no Hydra. In simulation a client takes its
 partition of the dataset through `node_config["partition-id"]`; in deployment `node_config["data-path"]`
-names its own file (written by `python -m server_app.deploy export`) and it never sees other clients'
+names its own file (written by `feddb deploy export`) and it never sees other clients'
 data. Either way the data stays resident on the training device for the life of the worker process.
 """
 

@@ -1,7 +1,7 @@
 """Speed of local training: the project's path against the authors' kind of path, in one process.
 
-    .venv/bin/python scripts/benchmark.py                      # CPU: small sizes, about 2-4 minutes
-    python scripts/benchmark.py --device cuda --preset paper   # GPU: the paper's round
+    feddb bench                                 # CPU: small sizes, about 2-4 minutes
+    feddb bench --device cuda --preset paper   # GPU: the paper's round
 
 Both paths train FedDB's client (FixMatch with full-batch steps) on the same client data and model:
 - project: uint8 data resident on the device, batched per-sample augmentation on the device, bf16

@@ -375,7 +375,7 @@ def read_client_file(path: str | Path, meta: dict[str, Any]) -> dict[str, np.nda
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"client data file not found: {file.resolve()} (node config data-path); "
-                        "write one per client with `python -m server_app.deploy export`")
+                        "write one per client with `feddb deploy export`")
     try:
         with np.load(file, allow_pickle=False) as z:
             missing = [k for k in CLIENT_ARRAYS if k not in z.files]
