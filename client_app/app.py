@@ -21,7 +21,8 @@ from fssl.profiling import process_start, profiled
 from fssl.runtime import client_data_for, keep_freed_memory, model_for
 from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
-from strategy.base import arrays_to_torch
+from strategy import contract
+from strategy.contract import arrays_to_torch
 
 app = ClientApp()
 IMPORTED_AT = time.time()            # for the start-up timeline (the query reply carries it)
@@ -29,7 +30,7 @@ keep_freed_memory()                  # once per worker process: batches reuse fr
 
 
 def _setup(msg: Message, context: Context):
-    cfg = json.loads(msg.content["config"]["run-config"])
+    cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
     meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
     model = model_for(cfg, device)
@@ -46,7 +47,7 @@ def partition_of(msg: Message, context: Context, own_data: bool) -> int:
     its own data file trains only that."""
     node_pid = int(context.node_config["partition-id"])
     config = msg.content.config_records.get("config")
-    sent = config.get("partition-id") if config is not None else None
+    sent = config.get(contract.PARTITION) if config is not None else None
     if sent is None:
         return node_pid
     if own_data and int(sent) != node_pid:
@@ -62,17 +63,18 @@ def train(msg: Message, context: Context) -> Message:
     cfg, pid, meta, data, model = _setup(msg, context)
     setup_seconds = time.perf_counter() - t0            # config, model, received state, data
     conf = msg.content["config"]
-    server_round = int(conf["server-round"])
+    server_round = int(conf[contract.ROUND])
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
     helpers = [msg.content.array_records[k].to_torch_state_dict()    # FedMatch: helpers' psi
-               for k in sorted(msg.content.array_records) if k.startswith("helper_")]
+               for k in sorted(msg.content.array_records) if k.startswith(contract.HELPER_PREFIX)]
     keep = cfg["train"]["optimizer_state"] == "client"     # momentum kept per client, as the
     slot = f"optimizer-{pid}"                              # a node may train several partitions
     momentum = (context.state[slot].to_torch_state_dict()            # authors' code does
                 if keep and slot in context.state.array_records else None)
-    metrics = trainer.fit(model, data, float(conf["lr"]), client_seed(cfg["seed"], server_round, pid),
-                          helpers, momentum, float(conf.get("lambda-u", cfg["train"]["lambda_u"])),
-                          float(conf.get("proximal-mu", 0.0)))      # FedProx (strategy=fedprox)
+    metrics = trainer.fit(model, data, float(conf[contract.LR]),
+                          client_seed(cfg["seed"], server_round, pid), helpers, momentum,
+                          float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
+                          float(conf.get(contract.PROXIMAL_MU, 0.0)))   # FedProx (strategy=fedprox)
     if keep:
         context.state[slot] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
@@ -83,11 +85,9 @@ def train(msg: Message, context: Context) -> Message:
     if attack:
         state, metrics = apply_attack(attack, arrays_to_torch(msg.content["arrays"]),
                                       state, metrics)
-    metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     arrays = ArrayRecord(state)
     metrics["reply_seconds"] = time.perf_counter() - t0          # the state into the reply
-    content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
-    return Message(content=content, reply_to=msg)
+    return contract.train_reply(msg, arrays, metrics)
 
 
 @app.evaluate()
@@ -104,8 +104,8 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds (node ids are random per run)."""
-    info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
-                         "num-partitions": int(context.node_config.get("num-partitions", -1)),
-                         "own-data": int(bool(context.node_config.get("data-path"))),
-                         "process-start": process_start() or 0.0, "imported-at": IMPORTED_AT})
-    return Message(content=RecordDict({"info": info}), reply_to=msg)
+    return contract.node_info_reply(msg, {
+        "partition-id": int(context.node_config["partition-id"]),
+        "num-partitions": int(context.node_config.get("num-partitions", -1)),
+        "own-data": int(bool(context.node_config.get("data-path"))),
+        "process-start": process_start() or 0.0, "imported-at": IMPORTED_AT})

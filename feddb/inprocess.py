@@ -45,6 +45,8 @@ class LocalGrid(Grid):
     evaluation); with `overlap` instructions wait in a queue until pulled, as a SuperLink's do, so
     the strategy's overlapped loop (next round out before this one's evaluation) runs too."""
 
+    simulated = True       # the nodes are this app's own ClientApps (server_app.app.simulated)
+
     def __init__(self, client_app, num_nodes: int, hook: Callable | None = None,
                  node_config: dict[int, dict] | None = None, overlap: bool = False) -> None:
         """`node_config`: extra node_config entries by partition id (e.g. a test's attack)."""

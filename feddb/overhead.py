@@ -207,7 +207,7 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
     from fssl.config import compose
     from fssl.methods import make_model
     from server_app.app import cores
-    from strategy import make_strategy
+    from strategy import ServerSetup, make_strategy
 
     cfg = compose(overrides)
     torch.manual_seed(0)
@@ -219,8 +219,7 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
     updates = [{k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
                 if v.dtype.kind == "f" else v for k, v in g.items()} for _ in range(clients)]
     replies = [{"app_u": a} for a in rng.dirichlet(np.full(10, 0.3), size=clients)]
-    strategy = make_strategy(cfg, 10)
-    strategy.workers = cores()
+    strategy = make_strategy(cfg, 10, ServerSetup(workers=cores()))
     seconds = []
     for _ in range(repeats + 1):
         strategy.global_arrays, strategy.momentum_buffer = g, {}
@@ -228,7 +227,7 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
         weights, _ = strategy.aggregation_weights(replies)        # DMA, as after the warm-up
         strategy.server_update(updates, weights)
         seconds.append(time.perf_counter() - t0)
-    return seconds[1:], strategy.last_round.get("robust", {})
+    return seconds[1:], strategy.round_record.robust or {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -406,6 +406,9 @@ def apply_defence_scope(cfg: dict[str, Any], untrusted_nodes: bool) -> list[str]
     return off
 
 
-def clients_per_round(cfg: dict[str, Any]) -> int:
+def clients_per_round(cfg: dict[str, Any], fraction: float | None = None) -> int:
+    """Clients a round samples: round(C * M), at least 1 and at most M (C: fl.fraction_train,
+    or `fraction` for federated evaluation)."""
     fl = cfg["fl"]
-    return max(1, min(fl["num_clients"], round(fl["fraction_train"] * fl["num_clients"])))
+    fraction = fl["fraction_train"] if fraction is None else fraction
+    return max(1, min(fl["num_clients"], round(fraction * fl["num_clients"])))

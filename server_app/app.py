@@ -16,6 +16,7 @@ import torch
 import yaml
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope, resolve
@@ -25,10 +26,11 @@ from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
 from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
 from fssl.train import resolve_device
-from strategy import WeightedAverage, make_strategy
-from strategy.base import arrays_to_numpy, numpy_to_arrays
+from strategy import ServerSetup, WeightedAverage, make_strategy
+from strategy.contract import arrays_to_numpy, numpy_to_arrays, parse_node_info
 
 from .recorder import RoundRecorder
+from .rounds import RoundLoop
 
 app = ServerApp()
 
@@ -58,12 +60,11 @@ def query_nodes(grid: Grid, nodes: list[int], timeout: float,
         if reply.has_error():
             raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
                             f"{reply.error.reason}")
-        rec = reply.content["info"]
-        info[reply.metadata.src_node_id] = {"pid": int(rec["partition-id"]),
-                                            "own-data": int(rec.get("own-data", 0))}
-        if timeline is not None and rec.get("imported-at"):
-            started.append(float(rec["process-start"]) or None)
-            imported.append(float(rec["imported-at"]))
+        rec = parse_node_info(reply)
+        info[reply.metadata.src_node_id] = {"pid": rec["pid"], "own-data": rec["own-data"]}
+        if timeline is not None and rec["imported-at"]:
+            started.append(rec["process-start"] or None)
+            imported.append(rec["imported-at"])
     if timeline is not None and imported:
         timeline.marks["client_process_start"] = min((t for t in started if t), default=None)
         timeline.marks["client_app_imported"] = max(imported)
@@ -112,18 +113,19 @@ def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None
     previous round: measured on 2 cores, one thread made the whole round 23 % faster."""
     if setting != "auto":
         return int(setting)
-    return 1 if device.type == "cpu" and type(grid).__name__ == "InMemoryGrid" else None
+    return 1 if device.type == "cpu" and isinstance(grid, InMemoryGrid) else None
 
 
 def simulated(grid: Grid) -> bool:
-    """Whether the nodes are this app's own ClientApps run by the user (Flower's simulation, the
-    in-process runner) rather than SuperNodes that may be other people's machines."""
-    return type(grid).__name__ in ("InMemoryGrid", "LocalGrid")
+    """Whether the nodes are this app's own ClientApps run by the user (Flower's simulation, or
+    a grid that says so: the in-process runner's) rather than SuperNodes that may be other
+    people's machines."""
+    return isinstance(grid, InMemoryGrid) or getattr(grid, "simulated", False) is True
 
 
-def scope_defences(cfg: dict[str, Any], grid: Grid) -> None:
+def scope_defences(cfg: dict[str, Any], simulation: bool) -> None:
     """Apply `server.robust.scope` to this run's nodes and say in one line what it left off."""
-    off = apply_defence_scope(cfg, untrusted_nodes=not simulated(grid))
+    off = apply_defence_scope(cfg, untrusted_nodes=not simulation)
     if off:
         names = ", ".join(f"{name} ({path})" for path, name in DEFENCES if path in off)
         print(f"[feddb] a simulation runs the methods as published: {names} off "
@@ -142,7 +144,8 @@ def main(grid: Grid, context: Context) -> None:
     timeline = Timeline()
     keep_freed_memory()
     cfg, resume_dir = resolve(dict(context.run_config))
-    scope_defences(cfg, grid)
+    simulation = simulated(grid)
+    scope_defences(cfg, simulation)
     run_dir = resume_dir or run_dir_for(cfg)
     if resume_dir is None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -163,39 +166,29 @@ def main(grid: Grid, context: Context) -> None:
     if resume_dir is None:
         save_partition(part, ds.y_train, run_dir)
     timeline.mark("data_ready")
-
-    strategy = make_strategy(cfg, ds.num_classes)
-    strategy.set_partition_sizes([len(i) for i in part.labeled], [len(i) for i in part.unlabeled])
-    if strategy.max_samples is None:
-        strategy.max_samples = len(ds.y_train)
-    strategy.bind_nodes(bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"],
-                                        timeline))
+    node_of = bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"], timeline)
     timeline.mark("nodes_bound")
 
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
-    recorder = RoundRecorder(cfg, ds, model, strategy, run_dir, device)
-    strategy.workers = cores()          # the replies are all in: no client is busy meanwhile
-    if cfg["server"]["robust"]["loss_check"] is not None:
-        if recorder.has_val:
-            strategy.audit = recorder.audit_loss
-            if threads == 1 and device.type == "cpu":     # a simulation: the clients wait idle
-                strategy.audit_workers = cores()          # while the server aggregates
-        else:
-            print("[feddb] WARNING: server.robust.loss_check (a default defence) is off in this "
-                  "run: the dataset has no validation split to check updates on (set "
-                  "dataset.val_size > 0, or server.robust.loss_check=null)", flush=True)
+    recorder = RoundRecorder(cfg, ds, model, run_dir, device)
+    strategy = make_strategy(cfg, ds.num_classes, ServerSetup(
+        node_of=node_of, simulated=simulation, max_samples=len(ds.y_train),
+        partition_sizes=[(len(lab), len(unl)) for lab, unl in zip(part.labeled, part.unlabeled)],
+        workers=cores(),            # the replies are all in: no client is busy meanwhile
+        **loss_check(cfg, recorder, threads == 1 and device.type == "cpu")))
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1
     else:
         arrays, first_round = restore(run_dir, strategy, recorder)
         print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
+    loop = RoundLoop(strategy, grid)
 
     def after_round(server_round: int, current: ArrayRecord) -> None:
         if not timeline.written:
-            timeline.marks["first_round_sent"] = getattr(strategy, "first_push_time", None)
+            timeline.marks["first_round_sent"] = loop.first_push_time
             timeline.mark("first_round_done")
             timeline.write(run_dir / "startup.json")
         every = cfg["checkpoint"]["every"]
@@ -206,8 +199,8 @@ def main(grid: Grid, context: Context) -> None:
     level = flwr_logger.level
     flwr_logger.setLevel(logging.WARNING)      # one progress line per round instead of Flower's
     try:
-        arrays = strategy.run(grid, arrays, first_round, recorder, after_round,
-                              evaluate_first=resume_dir is None)   # round 0, as round 1 trains
+        arrays = loop.run(arrays, first_round, recorder, after_round,
+                          evaluate_first=resume_dir is None)   # round 0, as round 1 trains
     finally:
         flwr_logger.setLevel(level)
         recorder.close()
@@ -220,6 +213,20 @@ def main(grid: Grid, context: Context) -> None:
               + (f", COLLAPSED (top class {s['final_top_class_share']:.2f} of test predictions)"
                  if s["collapsed"] else "") + f", {s['wall_seconds']:.0f}s", flush=True)
     print(f"[feddb] run directory: {run_dir}", flush=True)
+
+
+def loss_check(cfg: dict[str, Any], recorder: RoundRecorder, idle_cores: bool) -> dict[str, Any]:
+    """The loss check's evaluation for the strategy (server.robust.loss_check): the validation
+    loss of a candidate model, on all cores when the clients wait idle meanwhile (a simulation
+    on a CPU)."""
+    if cfg["server"]["robust"]["loss_check"] is None:
+        return {}
+    if not recorder.has_val:
+        print("[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has no "
+              "validation split to check updates on (set dataset.val_size > 0, or "
+              "server.robust.loss_check=null)", flush=True)
+        return {}
+    return {"audit": recorder.audit_loss, "audit_workers": cores() if idle_cores else 1}
 
 
 def save_checkpoint(run_dir: Path, server_round: int, arrays: ArrayRecord,

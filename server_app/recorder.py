@@ -18,7 +18,8 @@ from flwr.app import ArrayRecord, MetricRecord
 from fssl.data import Dataset
 from fssl.metrics import class_accuracy, js_divergence, normalise, prediction_stats
 from fssl.train import evaluate, to_nchw
-from strategy.base import WeightedAverage, arrays_to_torch
+from strategy import RoundRecord
+from strategy.contract import arrays_to_torch
 
 
 # a round whose global model is not evaluated (eval.every > 1): its record has these as null
@@ -37,9 +38,9 @@ class RoundRecorder:
     """`evaluate_fn` of Strategy.start: evaluates the global model (on the rounds `due`) and
     appends one JSON line a round."""
 
-    def __init__(self, cfg: dict[str, Any], ds: Dataset, model: torch.nn.Module,
-                 strategy: WeightedAverage, run_dir: Path, device: torch.device) -> None:
-        self.cfg, self.ds, self.model, self.strategy = cfg, ds, model.to(device), strategy
+    def __init__(self, cfg: dict[str, Any], ds: Dataset, model: torch.nn.Module, run_dir: Path,
+                 device: torch.device) -> None:
+        self.cfg, self.ds, self.model = cfg, ds, model.to(device)
         self.run_dir, self.device = run_dir, device
         self.x_test = to_nchw(ds.x_test, device)
         self.y_test = torch.from_numpy(ds.y_test).to(device)
@@ -135,16 +136,18 @@ class RoundRecorder:
         every = self.cfg["eval"].get("every", 1)
         return server_round % every == 0 or server_round >= self.cfg["num_rounds"]
 
-    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    def __call__(self, server_round: int, arrays: ArrayRecord,
+                 info: RoundRecord | None) -> MetricRecord:
+        """Evaluate round t's global model and write its record (`info`: what the strategy did;
+        None for the model a run starts from, round first_round - 1)."""
         t0 = time.perf_counter()
         ev = self.evaluate(arrays) if self.due(server_round) else NOT_EVALUATED
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         now = time.perf_counter()
         seconds, self.t_last = now - self.t_last, now      # the whole cycle since the last one
-        if server_round > 0:
-            timing = self.strategy.last_round.setdefault("timing", {})
-            timing.update({"evaluate": now - t0, "record_previous_round": self.write_seconds})
-            self.write(server_round, ev, seconds)
+        if info is not None:
+            info.timing.update({"evaluate": now - t0, "record_previous_round": self.write_seconds})
+            self.write(server_round, ev, seconds, info)
         else:
             self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
@@ -152,10 +155,10 @@ class RoundRecorder:
         self.write_seconds = time.perf_counter() - now     # metrics.jsonl, TensorBoard, the line
         return MetricRecord({"test_accuracy": acc, "test_loss": loss} if acc is not None else {})
 
-    def write(self, server_round: int, ev: dict[str, Any], seconds: float) -> None:
+    def write(self, server_round: int, ev: dict[str, Any], seconds: float,
+              info: RoundRecord) -> None:
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
-        info = self.strategy.last_round
-        clients = info.get("clients", [])
+        clients = info.clients
         target = self.prev_class_acc       # class-wise accuracy of the model the clients received
         js_app, js_lab = [], []
         k = self.ds.num_classes
@@ -192,17 +195,17 @@ class RoundRecorder:
             "mean_confidence": ev["mean_confidence"],
             "class_accuracy": None if cls_acc is None else [float(v) for v in cls_acc],
             "round_seconds": seconds,
-            "lr": self.strategy.lr_for(server_round),
-            "skipped": bool(info.get("skipped", False)),
-            "num_failures": len(info.get("failures", [])),
-            "failures": info.get("failures", []),
+            "lr": info.lr,
+            "skipped": info.skipped,
+            "num_failures": len(info.failures),
+            "failures": info.failures,
             "clients": clients,
-            "dma": info.get("dma"),
-            "robust": info.get("robust"),          # norm bound and rule (strategy/robust.py)
-            "strategy": info.get("strategy"),      # strategy=<name>: which one, weights used
-            "gradient_diversity": deferred(info.get("gradient_diversity")),
-            "groups": info.get("groups"),          # FedRGD: partition ids per group
-            "helpers": info.get("helpers"),        # FedMatch: helper partition ids per client
+            "dma": info.dma,
+            "robust": info.robust,          # norm bound and rule (strategy/robust.py)
+            "strategy": info.strategy,      # strategy=<name>: which one, weights used
+            "gradient_diversity": deferred(info.gradient_diversity),
+            "groups": info.groups,          # FedRGD: partition ids per group
+            "helpers": info.helpers,        # FedMatch: helper partition ids per client
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,
@@ -213,8 +216,8 @@ class RoundRecorder:
             "pseudo_label_ratio": float(np.mean([c["pseudo_label_ratio"] for c in clients]))
             if clients else None,
             "class_accuracy_normalised": None if cls_acc is None else normalise(cls_acc).tolist(),
-            "federated_evaluation": info.get("federated_evaluation"),
-            "timing": info.get("timing"),          # seconds of the round's parts (server side)
+            "federated_evaluation": info.federated_evaluation,
+            "timing": info.timing,          # seconds of the round's parts (server side)
         }
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")

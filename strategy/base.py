@@ -13,99 +13,88 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from fssl.config import clients_per_round
 from fssl.dma import dma_weights
 from fssl.methods import TRAINERS
 from fssl.train import cosine_lr
 
-from . import robust
-
-STAT_SUFFIXES = ("running_mean", "running_var")
-
-
-class ReplyError(ValueError):
-    """A client reply cannot be used; the message says why."""
+from . import contract, robust
+from .contract import ReplyError, arrays_to_numpy, client_record, numpy_to_arrays
+from .robust import STAT_SUFFIXES
 
 
-NPY_DESCR = re.compile(rb"'descr': *'([^']+)'")
+@dataclass
+class ServerSetup:
+    """What the ServerApp knows about the run when it builds the strategy."""
+
+    node_of: dict[int, int] = field(default_factory=dict)   # partition id -> node id
+    partition_sizes: list[tuple[int, int]] | None = None    # (n_l, n_u) of the server's partition
+    max_samples: int | None = None     # bound on reported sizes when server.max_samples is null
+    simulated: bool = True             # the nodes are this app's own ClientApps (no SuperNodes)
+    workers: int = 1                   # threads for the defences' numpy work
+    # the validation loss of a candidate global model (server.robust.loss_check), and how many
+    # candidates it may evaluate at once
+    audit: Callable[[dict[str, np.ndarray]], float] | None = None
+    audit_workers: int = 1
 
 
-def array_to_numpy(array: Array) -> np.ndarray:
-    """Flower's Array.numpy() reads each array's .npy header with ast.literal_eval (about a
-    third of a paper round's server time for WRN-28-2's 160 arrays x 10 replies); the shape is
-    in the Array, so only the dtype is read from the header, and the data are copied out once."""
-    data = array.data
-    if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
-        return array.numpy()
-    size = 2 if data[6] == 1 else 4                      # header length field: v1 2 bytes, v2+ 4
-    start = 8 + size
-    offset = start + int.from_bytes(data[8:start], "little")
-    header = data[start:offset]
-    descr = NPY_DESCR.search(header)
-    if descr is None or b"'fortran_order': False" not in header:
-        return array.numpy()
-    dtype = np.dtype(descr.group(1).decode())
-    count = int(np.prod(array.shape, dtype=np.int64))
-    return np.frombuffer(data, dtype, count, offset).reshape(array.shape).copy()
+@dataclass
+class RoundRecord:
+    """What the strategy did in one round; the round loop hands it to the recorder."""
 
-
-def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: array_to_numpy(v) for k, v in record.items()}
-
-
-def arrays_to_torch(record: ArrayRecord) -> dict[str, Any]:
-    """ArrayRecord.to_torch_state_dict() through the fast conversion."""
-    import torch
-
-    return {k: torch.from_numpy(array_to_numpy(v)) for k, v in record.items()}
-
-
-def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
-    return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
+    round: int
+    sampled: list[int]
+    lr: float
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    skipped: bool = True
+    dma: dict[str, Any] | None = None
+    robust: dict[str, Any] | None = None
+    strategy: dict[str, Any] | None = None          # strategy=<name>: which one, weights used
+    gradient_diversity: Any = None                  # a value, or a callable computed when recorded
+    groups: list[list[int]] | None = None           # FedRGD: partition ids per group
+    helpers: dict[str, list[int]] | None = None     # FedMatch: helper partition ids per client
+    federated_evaluation: dict[str, Any] | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    loss_check_seconds: float = 0.0                 # part of the round's aggregation
 
 
 class WeightedAverage(FedAvg):
     """Uniform (or sample-weighted) averaging plus server momentum."""
 
-    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
+    def __init__(self, cfg: dict[str, Any], num_classes: int,
+                 setup: ServerSetup | None = None) -> None:
         fl = cfg["fl"]
         super().__init__(fraction_train=fl["fraction_train"],
                          fraction_evaluate=fl["fraction_evaluate"],
                          min_train_nodes=fl["min_train_clients"], min_evaluate_nodes=1,
                          min_available_nodes=1)
-        self.cfg, self.num_classes = cfg, num_classes
+        setup = setup or ServerSetup()
+        self.cfg, self.num_classes, self.setup = cfg, num_classes, setup
         self.cfg_json = json.dumps(cfg, sort_keys=True)
         self.node_of: dict[int, int] = {}          # partition id -> node id
         self.pids_on: dict[int, list[int]] = {}    # node id -> the partitions it may train
+        self.bind_nodes(setup.node_of)
+        self.known_sizes = {pid: (int(n_l), int(n_u))     # pid -> (n_l, n_u), the server's own
+                            for pid, (n_l, n_u) in enumerate(setup.partition_sizes or [])}
+        cap = cfg["server"]["max_samples"]
+        self.max_samples = cap if cap is not None else setup.max_samples
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
-        self.last_round: dict[str, Any] = {}
+        self.round_record = RoundRecord(round=0, sampled=[], lr=self.lr_for(0))
         self.driver: Any = self     # what the round loop calls: this, or a Flower wrapper (DP)
-        self.known_sizes: dict[int, tuple[int, int]] = {}   # pid -> (n_l, n_u), the server's own
-        self.max_samples: int | None = cfg["server"]["max_samples"]
-        # the validation loss of a candidate global model (server.robust.loss_check), set by the
-        # ServerApp from its validation split
-        self.audit: Callable[[dict[str, np.ndarray]], float] | None = None
-        self.loss_check_seconds = 0.0              # this round's, part of its aggregation
-        self.audit_workers = 1                     # candidates the loss check evaluates at once
-        self.workers = 1                           # threads for the defences' numpy work
-
-    def set_partition_sizes(self, labeled: list[int], unlabeled: list[int]) -> None:
-        """The sizes of the server's own partition (`server.sizes=partition`)."""
-        self.known_sizes = {pid: (int(n_l), int(n_u))
-                            for pid, (n_l, n_u) in enumerate(zip(labeled, unlabeled))}
 
     def trusted_sizes(self, metrics: dict[str, Any]) -> tuple[int, int]:
         """(n_l, n_u) the aggregation may use for a reply: the partition's own counts, or the
@@ -133,7 +122,7 @@ class WeightedAverage(FedAvg):
     def sample(self, server_round: int, fraction: float) -> list[int]:
         """Partition ids for this round: seeded by (seed, round), independent of node ids."""
         m = self.cfg["fl"]["num_clients"]
-        k = max(1, min(m, round(fraction * m)))
+        k = clients_per_round(self.cfg, fraction)
         rng = np.random.default_rng([self.cfg["seed"], server_round, 7])
         fixed = sorted(set(self.cfg["fl"].get("always_sample", [])))[:k]
         if not fixed:
@@ -143,9 +132,9 @@ class WeightedAverage(FedAvg):
 
     def _messages(self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord,
                   message_type: str) -> list[Message]:
-        server_round = int(config["server-round"])
+        server_round = int(config[contract.ROUND])
         return [Message(content=RecordDict({"arrays": arrays,
-                                            "config": ConfigRecord({**config, "partition-id": p}),
+                                            "config": ConfigRecord({**config, contract.PARTITION: p}),
                                             **self.extra_records(p, server_round, message_type)}),
                         dst_node_id=self.node_of[p], message_type=message_type)
                 for p in pids]
@@ -175,19 +164,25 @@ class WeightedAverage(FedAvg):
         return 0.0 if server_round <= tr["warmup_rounds"] else float(tr["lambda_u"])
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        config["server-round"] = server_round
-        config["lr"] = self.lr_for(server_round)
-        config["lambda-u"] = self.lambda_u_for(server_round)
-        config["run-config"] = self.cfg_json
+        config[contract.ROUND] = server_round
+        config[contract.LR] = self.lr_for(server_round)
+        config[contract.LAMBDA_U] = self.lambda_u_for(server_round)
+        config[contract.RUN_CONFIG] = self.cfg_json
         return config
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self.global_arrays = arrays_to_numpy(arrays)
         pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
-        self.last_round = {"round": server_round, "sampled": pids}
+        self.begin_round(server_round, pids)
         return self._messages(pids, arrays, self.round_config(server_round, config),
                               MessageType.TRAIN)
+
+    def begin_round(self, server_round: int, sampled: list[int]) -> RoundRecord:
+        """A fresh record for the round whose instructions go out now."""
+        self.round_record = RoundRecord(round=server_round, sampled=sampled,
+                                        lr=self.lr_for(server_round))
+        return self.round_record
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -198,65 +193,6 @@ class WeightedAverage(FedAvg):
         return self._messages(pids, arrays, self.round_config(server_round, config),
                               MessageType.EVALUATE)
 
-    # -- rounds ----------------------------------------------------------------------------
-    def run(self, grid: Grid, arrays: ArrayRecord, first_round: int,
-            evaluate_fn: Callable[[int, ArrayRecord], Any],
-            after_round: Callable[[int, ArrayRecord], None],
-            evaluate_first: bool = False) -> ArrayRecord:
-        """Rounds `first_round`..num_rounds (Strategy.start always begins at 1; a resumed run
-        does not): train, aggregate, optional federated evaluation, central evaluation, hook.
-        Round t + 1's instructions go out before round t's global model is evaluated and
-        checkpointed, so the server's own work overlaps the clients' (the results are the same:
-        nothing in round t + 1 depends on the evaluation); so does the evaluation of the model
-        the run starts from (`evaluate_first`: round first_round - 1)."""
-        timeout = self.cfg["fl"]["round_timeout"]
-        last = self.cfg["num_rounds"]
-        after_previous = 0.0
-        overlap = not getattr(grid, "synchronous", False)    # in-process: nothing to overlap
-        clock = Stopwatch()
-        pending = self.push_train(grid, first_round, arrays) if first_round <= last else None
-        self.first_push_time = time.time()         # the start-up timeline's "first round sent"
-        if evaluate_first:
-            evaluate_fn(first_round - 1, arrays)
-        for server_round in range(first_round, last + 1):
-            clock.lap("configure")
-            replies = collect(grid, pending, timeout)
-            clock.lap("communicate")       # waiting for the clients' replies
-            self.last_round.update({"clients": [], "failures": [], "skipped": True})
-            new, _ = self.driver.aggregate_train(server_round, replies)
-            if new is not None:
-                arrays = new
-            clock.lap("aggregate")
-            messages = list(self.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
-            if messages:
-                agg = self.aggregate_evaluate(server_round,
-                                              collect(grid, push(grid, messages), timeout))
-                self.last_round["federated_evaluation"] = dict(agg) if agg else None
-                clock.lap("federated_evaluate")
-            # seconds of this round's parts (the recorder adds its own); a round's checkpoint
-            # comes after its record is written, so each record carries the previous round's
-            self.last_round["timing"] = {**clock.laps, "checkpoint_previous_round": after_previous,
-                                         "loss_check": self.loss_check_seconds}
-            self.loss_check_seconds = 0.0
-            done = self.last_round
-            if server_round < last and overlap:
-                pending = self.push_train(grid, server_round + 1, arrays)
-                clock.lap("configure_next")
-            upcoming, self.last_round = self.last_round, done     # the recorder reads round t
-            evaluate_fn(server_round, arrays)
-            clock.lap("evaluate_and_record")
-            after_round(server_round, arrays)
-            after_previous = clock.lap("checkpoint")
-            self.last_round = upcoming
-            if server_round < last and not overlap:
-                pending = self.push_train(grid, server_round + 1, arrays)
-                clock.lap("configure_next")
-            clock.laps = {"configure": clock.laps.get("configure_next", 0.0)}
-        return arrays
-
-    def push_train(self, grid: Grid, server_round: int, arrays: ArrayRecord) -> Any:
-        return push(grid, self.driver.configure_train(server_round, arrays, ConfigRecord(), grid))
-
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Arrays and JSON state a checkpoint needs (subclasses add their caches)."""
         return {"momentum": dict(self.momentum_buffer)}, {}
@@ -266,37 +202,10 @@ class WeightedAverage(FedAvg):
 
     # -- replies ---------------------------------------------------------------------------
     def parse_reply(self, msg: Message) -> dict[str, Any]:
-        """Arrays and metrics of one train reply, checked; raises ReplyError if unusable."""
-        content = msg.content
-        if "arrays" not in content.array_records or "metrics" not in content.metric_records:
-            raise ReplyError("reply lacks the 'arrays' ArrayRecord or the 'metrics' MetricRecord")
-        arrays = arrays_to_numpy(content.array_records["arrays"])
+        """Arrays, metrics and APP-U of one train reply, checked (strategy/contract.py)."""
         assert self.global_arrays is not None
-        extra = sorted(set(arrays) - set(self.global_arrays))
-        if extra:
-            raise ReplyError(f"unexpected arrays {extra[:3]}")
-        for key, ref in self.global_arrays.items():
-            got = arrays.get(key)
-            if got is None or got.shape != ref.shape or got.dtype != ref.dtype:
-                found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
-                raise ReplyError(f"array '{key}' is {found}, expected {ref.dtype}{list(ref.shape)}")
-            if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
-                raise ReplyError(f"array '{key}' has non-finite values")
-        metrics = dict(content.metric_records["metrics"])
-        for key in ("partition_id", "num_labeled", "num_unlabeled"):
-            if not isinstance(metrics.get(key), int) or metrics[key] < 0:
-                raise ReplyError(f"metric '{key}' missing or not a non-negative integer")
-        held = self.pids_on.get(msg.metadata.src_node_id)
-        if held is not None and metrics["partition_id"] not in held:
-            raise ReplyError(f"claims partition {metrics['partition_id']} but the node was sent "
-                             f"{held if len(held) > 1 else held[0]}")
-        app_u = np.asarray(metrics.get("app_u", []), dtype=np.float64).reshape(-1)
-        k = self.num_classes
-        if app_u.shape != (k,):
-            raise ReplyError(f"app_u has length {app_u.size}, expected {k}")
-        if not np.isfinite(app_u).all() or (app_u < 0).any() or abs(app_u.sum() - 1) > 1e-3:
-            raise ReplyError("app_u must be finite, non-negative and sum to 1")
-        return {"arrays": arrays, "metrics": metrics, "app_u": app_u}
+        return contract.parse_train_reply(msg, self.global_arrays, self.num_classes,
+                                          self.pids_on.get(msg.metadata.src_node_id))
 
     def aggregation_weights(self, parsed: list[dict[str, Any]],
                             server_round: int | None = None) -> tuple[np.ndarray, dict]:
@@ -312,7 +221,7 @@ class WeightedAverage(FedAvg):
                               d["lr"], d["optimizer"], d["cap"])
             if res.at_cap:
                 log(INFO, "round %s: DMA cap binds: %s of %s clients held at dma.cap/m = %.3f",
-                    self.last_round.get("round"), res.at_cap, n, d["cap"] / n)
+                    self.round_record.round, res.at_cap, n, d["cap"] / n)
             return res.weights, {"mode": d["mode"], "loss_uniform": res.loss_uniform,
                                  "loss_weights": res.loss, "weight_entropy": res.entropy,
                                  "weights": res.weights.tolist(), "cap": d["cap"],
@@ -328,7 +237,8 @@ class WeightedAverage(FedAvg):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        sampled = self.last_round.get("sampled", [])
+        record = self.round_record
+        sampled = record.sampled
         parsed, failures, bad = [], [], []
         for msg in replies:
             try:
@@ -359,24 +269,24 @@ class WeightedAverage(FedAvg):
             log(WARNING, "round %s: reply of partition %s (node %s) dropped: %s", server_round,
                 f["partition_id"], f["node_id"], f["reason"])
         parsed.sort(key=lambda p: p["metrics"]["partition_id"])
-        self.last_round.update({"failures": failures, "skipped": False})
+        record.failures, record.skipped = failures, False
         if len(parsed) < self.cfg["fl"]["min_train_clients"]:
             log(WARNING, "round %s: %s valid replies < fl.min_train_clients=%s; global model kept",
                 server_round, len(parsed), self.cfg["fl"]["min_train_clients"])
-            self.last_round.update({"skipped": True, "clients": [], "dma": None,
-                                    "gradient_diversity": None})
+            record.skipped, record.clients = True, []
+            record.dma = record.gradient_diversity = None
             return None, MetricRecord({"valid_replies": len(parsed)})
         weights, diagnostics = self.aggregation_weights(parsed, server_round)
         client_arrays = [p["arrays"] for p in parsed]
         # a diagnostic: computed (on one thread) when the round is recorded, after the next
         # round's instructions have gone out, instead of on the round's critical path
         old = self.global_arrays
-        self.last_round["gradient_diversity"] = lambda: gradient_diversity(old, client_arrays)
+        record.gradient_diversity = lambda: gradient_diversity(old, client_arrays)
         coefficients = self.coefficients(server_round, parsed, weights)
         new = self.server_update(client_arrays, coefficients)
-        self.last_round["clients"] = [
+        record.clients = [
             client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)]
-        self.last_round["dma"] = diagnostics or None
+        record.dma = diagnostics or None
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
 
@@ -397,44 +307,45 @@ class WeightedAverage(FedAvg):
         diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
         if rb["clip"] is not None and len(client_arrays) > 1:
             client_arrays, info = robust.clip_updates(self.global_arrays, client_arrays,
-                                                      rb["clip"], self.workers)
+                                                      rb["clip"], self.setup.workers)
             diag.update(info)
             if info["clipped"]:
                 log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
-                    "norm)", self.last_round.get("round"), len(info["clipped"]),
+                    "norm)", self.round_record.round, len(info["clipped"]),
                     info["norm_bound"], rb["clip"])
         keep = list(range(len(client_arrays)))
         cos = None
         if rb["min_cosine"] is not None and len(client_arrays) > 2:
-            cos = robust.median_agreement(self.global_arrays, client_arrays, self.workers)
+            cos = robust.median_agreement(self.global_arrays, client_arrays, self.setup.workers)
             keep = robust.agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
             diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
                                                        if i not in keep])
             if diag["dropped"]:
                 log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
                     "median of the others below %s and the round's median cosine minus %s",
-                    self.last_round.get("round"), diag["dropped"], rb["min_cosine"],
+                    self.round_record.round, diag["dropped"], rb["min_cosine"],
                     rb["min_cosine_margin"])
-        if rb["loss_check"] is not None and self.audit is not None and len(keep) > 2:
+        if rb["loss_check"] is not None and self.setup.audit is not None and len(keep) > 2:
             tested = None                  # the least agreeing of those kept, or all
             if rb.get("loss_check_candidates") is not None:
                 if cos is None:
-                    cos = robust.median_agreement(self.global_arrays, client_arrays, self.workers)
+                    cos = robust.median_agreement(self.global_arrays, client_arrays, self.setup.workers)
                     diag["cosines"] = cos.tolist()
                 order = np.argsort(cos[keep], kind="stable")
                 tested = order[:rb["loss_check_candidates"]].tolist()
-            tol = self.loss_tolerance(self.last_round.get("round"))
+            tol = self.loss_tolerance(self.round_record.round)
             t0 = time.perf_counter()
             sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
                                           np.asarray(weights, dtype=np.float64)[keep],
-                                          self.audit, tol, tested, self.audit_workers)
-            self.loss_check_seconds = time.perf_counter() - t0      # part of "aggregate"
+                                          self.setup.audit, tol, tested,
+                                          self.setup.audit_workers)
+            self.round_record.loss_check_seconds = time.perf_counter() - t0
             info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
             diag.update(info, loss_tolerance=tol)
             if info["loss_dropped"]:
                 log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
                     "validation loss is lower by more than %.3g of it",
-                    self.last_round.get("round"), info["loss_dropped"], tol)
+                    self.round_record.round, info["loss_dropped"], tol)
             keep = [keep[i] for i in sub]
         if rb["rule"] in ("krum", "multikrum"):
             f = rb["num_malicious"]
@@ -445,7 +356,7 @@ class WeightedAverage(FedAvg):
                                          float(np.sum(weights)))
             client_arrays = [client_arrays[i] for i in keep]
             diag["selected"] = keep
-        self.last_round["robust"] = diag
+        self.round_record.robust = diag
         return client_arrays, weights
 
     def server_update(self, client_arrays: list[dict[str, np.ndarray]],
@@ -474,46 +385,6 @@ class WeightedAverage(FedAvg):
         return new
 
 
-def push(grid: Grid, messages: Iterable[Message]) -> Any:
-    """Send instructions without waiting: their message ids, or for an in-process grid that
-    answers at once (`LocalGrid`) the replies themselves."""
-    messages = list(messages)
-    if getattr(grid, "synchronous", False):
-        return list(grid.send_and_receive(messages))
-    return set(grid.push_messages(messages))
-
-
-def collect(grid: Grid, pending: Any, timeout: float) -> list[Message]:
-    """The replies to `push`'s instructions, polled every few milliseconds (Flower's own
-    send_and_receive sleeps 0.1 s between polls in simulation and 3 s in deployment)."""
-    if not isinstance(pending, set):
-        return pending
-    ids, replies = set(pending), []
-    deadline, pause = time.monotonic() + timeout, 0.002
-    while ids and time.monotonic() < deadline:
-        got = list(grid.pull_messages(ids))
-        replies += got
-        ids -= {m.metadata.reply_to_message_id for m in got}
-        if ids:
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.05)       # short waits early, at most 20 polls a second
-    return replies
-
-
-class Stopwatch:
-    """Named laps of a round, in seconds."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self.t = time.perf_counter()
-
-    def lap(self, name: str) -> float:
-        now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
-        self.t = now
-        return self.laps[name]
-
-
 def gradient_diversity(global_arrays: dict[str, np.ndarray],
                        client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> float | None:
     """sum_k |D_k|^2 / |sum_k D_k|^2 over the trainable arrays (FedRGD's Eq. 1); None if all
@@ -530,39 +401,3 @@ def gradient_diversity(global_arrays: dict[str, np.ndarray],
 
     sum_sq, denom = robust.block_sums(sums, flat, workers)
     return float(sum_sq) / float(denom) if denom > 0 else None
-
-
-def _num(metrics: dict[str, Any], key: str) -> float | None:
-    """An optional scalar metric, or None when absent or not a finite number."""
-    v = metrics.get(key)
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None
-
-
-def _floats(metrics: dict[str, Any], key: str) -> list[float]:
-    v = metrics.get(key)
-    return [float(x) for x in v] if isinstance(v, list) else []
-
-
-def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
-    """One participating client's entry in metrics.jsonl (optional metrics may be missing)."""
-    count = _num(metrics, "pseudo_label_count") or 0
-    return {
-        "partition_id": metrics["partition_id"],
-        "num_labeled": metrics["num_labeled"],
-        "num_unlabeled": metrics["num_unlabeled"],
-        "app_u": _floats(metrics, "app_u"),
-        "app_u_global": _floats(metrics, "app_u_global"),
-        "weight": weight,
-        "pseudo_label_accuracy": _num(metrics, "pseudo_label_accuracy") if count > 0 else None,
-        "pseudo_label_ratio": _num(metrics, "pseudo_label_ratio") or 0.0,
-        "pseudo_label_accuracy_all": _num(metrics, "pseudo_label_accuracy_all"),
-        "labeled_histogram": [int(x) for x in _floats(metrics, "labeled_histogram")],
-        "pseudo_label_histogram": [int(x) for x in _floats(metrics, "pseudo_label_histogram")],
-        "loss_sup": _num(metrics, "loss_sup"),
-        "loss_unsup": _num(metrics, "loss_unsup"),
-        "train_seconds": _num(metrics, "train_seconds"),
-        "setup_seconds": _num(metrics, "setup_seconds"),
-        "reply_seconds": _num(metrics, "reply_seconds"),
-    }

@@ -19,14 +19,18 @@ from flwr.app import MessageType
 from fssl import fedmatch
 from fssl.methods import make_model
 
-from .base import WeightedAverage, numpy_to_arrays
+from . import contract
+from .base import ServerSetup, WeightedAverage
+from .contract import numpy_to_arrays
 
 
 class FedMatch(WeightedAverage):
-    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
-        super().__init__(cfg, num_classes)
+    def __init__(self, cfg: dict[str, Any], num_classes: int,
+                 setup: ServerSetup | None = None) -> None:
+        super().__init__(cfg, num_classes, setup)
         meta = cfg["data_meta"]
-        self.model = make_model(cfg, num_classes, meta["channels"])
+        with torch.random.fork_rng(devices=[]):    # its weights are always loaded: leave the
+            self.model = make_model(cfg, num_classes, meta["channels"])   # run's RNG alone
         self.probe = fedmatch.probe_images(cfg["seed"], cfg["method"]["probe_size"],
                                            tuple(meta["image_shape"]))
         self.embeddings: dict[int, np.ndarray] = {}
@@ -43,8 +47,9 @@ class FedMatch(WeightedAverage):
             return {}
         helpers = self.helpers_for(pid, server_round)
         if helpers:
-            self.last_round.setdefault("helpers", {})[str(pid)] = helpers
-        return {f"helper_{i}": numpy_to_arrays(self.psi[h]) for i, h in enumerate(helpers)}
+            record = self.round_record
+            record.helpers = {**(record.helpers or {}), str(pid): helpers}
+        return {f"{contract.HELPER_PREFIX}{i}": numpy_to_arrays(self.psi[h]) for i, h in enumerate(helpers)}
 
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         meta = self.cfg["data_meta"]

@@ -33,6 +33,6 @@ class FedRGD(WeightedAverage):
         for g in groups:
             share = weights[g] / weights[g].sum()
             out[g] = share * len(g) / (len(g) + 1) / len(groups)
-        self.last_round["groups"] = [[parsed[i]["metrics"]["partition_id"] for i in g]
-                                     for g in groups]
+        self.round_record.groups = [[parsed[i]["metrics"]["partition_id"] for i in g]
+                                    for g in groups]
         return out

@@ -1,7 +1,7 @@
 """Flower's own strategies, or a user's, against the project's clients (`strategy=<name>`).
 
 The project keeps what its clients and its comparisons need: partitions sampled by (seed, round),
-the instruction's run-config, reply checks (strategy.base.parse_reply), the norm bound of
+the instruction's run-config, reply checks (strategy/contract.py), the norm bound of
 `server.robust.clip`, the per-round records, central evaluation and checkpoints. The chosen
 strategy decides the rest:
 - `configure_train` is called every round on a grid that holds just the round's sampled nodes: its
@@ -30,7 +30,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from .base import STAT_SUFFIXES, WeightedAverage, arrays_to_numpy, client_record
+from .base import ServerSetup, WeightedAverage
+from .contract import arrays_to_numpy
+from .robust import STAT_SUFFIXES
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
           "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
@@ -111,8 +113,9 @@ class SampledNodes:
 class FlowerStrategy(WeightedAverage):
     """The project's round around a Flower (or user) strategy's configure/aggregate."""
 
-    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
-        super().__init__(cfg, num_classes)
+    def __init__(self, cfg: dict[str, Any], num_classes: int,
+                 setup: ServerSetup | None = None) -> None:
+        super().__init__(cfg, num_classes, setup)
         self.inner = build_inner(cfg["strategy"])
         self.inner_config: dict[str, Any] = {}
 
@@ -161,13 +164,13 @@ class FlowerStrategy(WeightedAverage):
                       weights: np.ndarray) -> dict[str, np.ndarray]:
         assert self.global_arrays is not None
         client_arrays, weights = self.defend(client_arrays, weights)
-        kept = self.last_round.get("robust", {}).get("selected")     # server.robust.min_cosine
+        kept = (self.round_record.robust or {}).get("selected")     # server.robust.min_cosine
         parsed = [self.parsed[i] for i in kept] if kept is not None else self.parsed
-        self.last_round["strategy"] = {"name": self.cfg["strategy"]["name"],
-                                       "weights_used": self.cfg["strategy"]["name"]
-                                       not in UNWEIGHTED}
+        self.round_record.strategy = {"name": self.cfg["strategy"]["name"],
+                                      "weights_used": self.cfg["strategy"]["name"]
+                                      not in UNWEIGHTED}
         result, _ = self.inner.aggregate_train(
-            self.last_round.get("round", 0),
+            self.round_record.round,
             self.inner_replies(parsed, client_arrays, weights))
         if result is None:
             raise RuntimeError(f"strategy '{self.cfg['strategy']['name']}' returned no arrays")

@@ -276,7 +276,6 @@ def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path)
     from fssl.methods import make_model
     from fssl.runtime import dataset_for
     from server_app.recorder import RoundRecorder
-    from strategy import make_strategy
     from strategy.robust import loss_check
 
     cfg, _ = resolve({"dataset": "npz", "data-path": str(small_npz),
@@ -284,8 +283,7 @@ def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path)
     ds = dataset_for(cfg)
     torch.manual_seed(0)
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
-    rec = RoundRecorder(cfg, ds, model, make_strategy(cfg, ds.num_classes), tmp_path,
-                        torch.device("cpu"))
+    rec = RoundRecorder(cfg, ds, model, tmp_path, torch.device("cpu"))
     g = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(0)
     updates = [{k: (v + 0.05 * rng.normal(size=v.shape)).astype(v.dtype)

@@ -154,7 +154,8 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     s.bind_nodes({p: 100 + p for p in range(6)})
     torch.manual_seed(0)
     glob = {k: v.numpy() for k, v in make_model(cfg, 10, 1).state_dict().items()}
-    s.global_arrays, s.last_round = glob, {"round": 1}
+    s.global_arrays = glob
+    s.begin_round(1, [])
     uploads = {pid: _perturbed(glob, pid) for pid in range(6)}
     s.aggregate_train(1, [make_reply(uploads[p], _metrics(p), node=100 + p) for p in range(6)])
     model = make_model(cfg, 10, 1)
@@ -172,7 +173,7 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     for m in msgs:
         pid = m.metadata.dst_node_id - 100
         expected = fedmatch.nearest_helpers(s.embeddings, pid, 2)
-        assert len(expected) == 2 and s.last_round["helpers"][str(pid)] == expected
+        assert len(expected) == 2 and s.round_record.helpers[str(pid)] == expected
         for i, h in enumerate(expected):
             got = {k: v.numpy() for k, v in m.content[f"helper_{i}"].items()}
             assert set(got) == set(s.psi[h]) and all(np.array_equal(got[k], s.psi[h][k]) for k in got)
@@ -198,15 +199,16 @@ def test_fedrgd_aggregate_is_the_grouped_average_with_the_global_model_in_every_
     assert isinstance(s, FedRGD) and cfg["model"]["norm"] == "gn"
     glob = _arrays([1.0, -2.0])
     clients = {p: _arrays([float(p), float(p * p)]) for p in (1, 3, 4, 6, 8)}
-    s.global_arrays, s.last_round = glob, {"round": 7}
+    s.global_arrays = glob
+    s.begin_round(7, [])
     new, _ = s.aggregate_train(7, [make_reply(a, _metrics(p), node=p) for p, a in clients.items()])
-    groups = s.last_round["groups"]
+    groups = s.round_record.groups
     assert sorted(len(g) for g in groups) == [2, 3] and sorted(sum(groups, [])) == list(clients)
     expected = np.mean([(glob["w"] + sum(clients[p]["w"] for p in g)) / (len(g) + 1)
                         for g in groups], axis=0)                    # Eq. 7 with w_s = global
     assert np.allclose(new["w"].numpy(), expected, atol=1e-6)
     global_weight = 0.5 * (1 / 3 + 1 / 4)                           # (1/S) sum_i 1 / (|G_i| + 1)
-    assert sum(c["weight"] for c in s.last_round["clients"]) == pytest.approx(1 - global_weight)
+    assert sum(c["weight"] for c in s.round_record.clients) == pytest.approx(1 - global_weight)
     assert s.groups(7, 5)[0].tolist() == s.groups(7, 5)[0].tolist()   # seeded
     assert any(s.groups(r, 5)[0].tolist() != s.groups(7, 5)[0].tolist() for r in range(8, 20))
 

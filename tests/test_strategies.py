@@ -135,7 +135,7 @@ def _aggregate(s, replies, server_round=1):
     s.node_of = {i: 20 + i for i in range(4)}
     s.bind_nodes(s.node_of)
     s.global_arrays = _global()
-    s.last_round = {"round": server_round, "sampled": [0, 1, 2, 3]}
+    s.begin_round(server_round, [0, 1, 2, 3])
     return s.aggregate_train(server_round, replies)
 
 
@@ -145,7 +145,7 @@ def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
     replies = [_reply(i, [float(i), 0.0], a, 20 + i) for i, a in enumerate(APPS)]
     alone = make_strategy(compose([*base, "server.momentum=0"]), K)
     _aggregate(alone, replies)
-    dma = np.array([c["weight"] for c in alone.last_round["clients"]])
+    dma = np.array([c["weight"] for c in alone.round_record.clients])
     d = alone.cfg["dma"]
     assert np.allclose(dma, dma_weights(np.array(APPS), d["mode"], d["steps"], d["lr"],
                                         d["optimizer"], d["cap"]).weights)
@@ -165,7 +165,7 @@ def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
     arrays, _ = _aggregate(s, replies)
     w = np.array(seen[0])
     assert np.allclose(w / w.sum(), dma)                    # FedAdam averaged with DMA's weights
-    assert np.allclose([c["weight"] for c in s.last_round["clients"]], dma)
+    assert np.allclose([c["weight"] for c in s.round_record.clients], dma)
     out = arrays["w"].numpy()
     # FedAdam's first step on delta = sum beta_m w_m - w: m = 0.1 delta, v = 0.01 delta^2,
     # w + eta_norm m / (sqrt(v) + tau), eta_norm = 0.1 sqrt(1 - 0.99^2) / (1 - 0.9^2) (round 1)

@@ -38,7 +38,7 @@ def _client(w, rm=0.5, n=3):
 
 def _start(strategy, global_arrays):
     strategy.global_arrays = global_arrays
-    strategy.last_round = {"round": 1}
+    strategy.begin_round(1, [])
 
 
 def test_uniform_average_with_server_momentum_on_hand_built_replies():
@@ -53,8 +53,8 @@ def test_uniform_average_with_server_momentum_on_hand_built_replies():
     assert np.allclose(out["w"], [2.0, 3.0])
     assert np.allclose(out["bn.running_mean"], [0.5, 0.5])        # averaged, no momentum
     assert out["bn.num_batches_tracked"] == 4 and out["w"].dtype == np.float32
-    assert [c["partition_id"] for c in s.last_round["clients"]] == [0, 1]   # sorted by partition
-    assert [c["weight"] for c in s.last_round["clients"]] == [0.5, 0.5]
+    assert [c["partition_id"] for c in s.round_record.clients] == [0, 1]   # sorted by partition
+    assert [c["weight"] for c in s.round_record.clients] == [0.5, 0.5]
     # round 2: buf = 0.5 * (-1, -1) + (w - avg) with avg = (2, 4): (-0.5, -1.5) -> w = (2.5, 4.5)
     _start(s, out)
     replies = [make_reply(_client([2.0, 4.0]), _metrics(0, [0.4, 0.3, 0.3]), node=10),
@@ -82,11 +82,11 @@ def test_dma_weights_are_applied_and_logged():
                for i, a in enumerate(apps)]
     arrays, _ = s.aggregate_train(1, replies)
     expected = dma_weights(np.array(apps))
-    got = np.array([c["weight"] for c in s.last_round["clients"]])
+    got = np.array([c["weight"] for c in s.round_record.clients])
     assert np.allclose(got, expected.weights)
     assert got[0] > got[2]                 # the over-represented class is down-weighted
     assert np.isclose(arrays["w"].numpy()[0], got @ np.arange(4), atol=1e-6)
-    d = s.last_round["dma"]
+    d = s.round_record.dma
     assert d["loss_weights"] < d["loss_uniform"] and d["weight_entropy"] < np.log(4)
 
 
@@ -99,8 +99,8 @@ def test_bad_replies_are_dropped_and_too_few_skip_the_round():
                make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.6, 0.2]), node=12),
                make_reply(nan, _metrics(3, [0.2, 0.3, 0.5]), node=13)]
     arrays, _ = s.aggregate_train(1, replies)
-    assert arrays is None and s.last_round["skipped"]
-    reasons = {f["node_id"]: f["reason"] for f in s.last_round["failures"]}
+    assert arrays is None and s.round_record.skipped
+    reasons = {f["node_id"]: f["reason"] for f in s.round_record.failures}
     assert "length 2, expected 3" in reasons[11]
     assert "sum to 1" in reasons[12] and "non-finite" in reasons[13]
 
@@ -171,7 +171,7 @@ def test_odd_optional_metrics_do_not_break_the_round():
                make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11)]
     arrays, _ = s.aggregate_train(1, replies)
     assert arrays is not None
-    rec = s.last_round["clients"][0]
+    rec = s.round_record.clients[0]
     assert rec["loss_sup"] is None and rec["pseudo_label_accuracy"] is None
     assert rec["app_u_global"] == [] and rec["labeled_histogram"] == [0, 1]
 
@@ -186,7 +186,7 @@ def test_reply_claiming_another_partition_or_dtype_is_dropped():
                make_reply(wrong_dtype, _metrics(1, [0.5, 0.3, 0.2]), node=11),
                make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.3, 0.2]), node=12)]
     s.aggregate_train(1, replies)
-    reasons = {f["partition_id"]: f["reason"] for f in s.last_round["failures"]}
+    reasons = {f["partition_id"]: f["reason"] for f in s.round_record.failures}
     assert "claims partition 2 but the node was sent 0" in reasons[0]
     assert "float64[2], expected float32[2]" in reasons[1]
 
@@ -198,7 +198,7 @@ def test_reply_claiming_another_partition_or_dtype_is_dropped():
 def test_fast_array_conversion_equals_flowers(value):
     """array_to_numpy reads the data in place of Flower's header parse: same values, dtype and
     shape for every kind of array (Fortran order and foreign byte order fall back to Flower)."""
-    from strategy.base import array_to_numpy
+    from strategy.contract import array_to_numpy
 
     array = Array(value)
     got, want = array_to_numpy(array), array.numpy()

@@ -1,0 +1,133 @@
+"""The round loop: send a round's instructions, collect the replies, let the strategy aggregate,
+optionally evaluate on the clients, then hand the round's record to the recorder.
+
+Round t + 1's instructions go out before round t's global model is evaluated and checkpointed,
+so the server's own work overlaps the clients' (the results are the same: nothing in round t + 1
+depends on the evaluation); so does the evaluation of the model the run starts from. An
+in-process grid that answers at once (`synchronous`) has nothing to overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from strategy import RoundRecord, WeightedAverage
+
+EvaluateFn = Callable[[int, ArrayRecord, RoundRecord | None], Any]
+
+
+def push(grid: Grid, messages: Iterable[Message]) -> Any:
+    """Send instructions without waiting: their message ids, or for an in-process grid that
+    answers at once (`LocalGrid`) the replies themselves."""
+    messages = list(messages)
+    if getattr(grid, "synchronous", False):
+        return list(grid.send_and_receive(messages))
+    return set(grid.push_messages(messages))
+
+
+def collect(grid: Grid, pending: Any, timeout: float) -> list[Message]:
+    """The replies to `push`'s instructions, polled every few milliseconds (Flower's own
+    send_and_receive sleeps 0.1 s between polls in simulation and 3 s in deployment)."""
+    if not isinstance(pending, set):
+        return pending
+    ids, replies = set(pending), []
+    deadline, pause = time.monotonic() + timeout, 0.002
+    while ids and time.monotonic() < deadline:
+        got = list(grid.pull_messages(ids))
+        replies += got
+        ids -= {m.metadata.reply_to_message_id for m in got}
+        if ids:
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.05)       # short waits early, at most 20 polls a second
+    return replies
+
+
+class Stopwatch:
+    """Named laps of a round, in seconds."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
+        self.t = now
+        return self.laps[name]
+
+
+class RoundLoop:
+    """Rounds `first_round`..num_rounds of one run (Flower's Strategy.start always begins at 1; a
+    resumed run does not)."""
+
+    def __init__(self, strategy: WeightedAverage, grid: Grid) -> None:
+        self.strategy, self.grid = strategy, grid
+        self.cfg = strategy.cfg
+        self.first_push_time: float | None = None      # the start-up timeline's "first round sent"
+
+    def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
+        driver = self.strategy.driver
+        return push(self.grid, driver.configure_train(server_round, arrays, ConfigRecord(),
+                                                      self.grid))
+
+    def federated_evaluation(self, server_round: int, arrays: ArrayRecord,
+                             timeout: float) -> dict[str, Any] | None | bool:
+        """The clients' evaluation of the new global model (fl.fraction_evaluate); False when
+        the run has none."""
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(),
+                                                         self.grid))
+        if not messages:
+            return False
+        agg = self.strategy.aggregate_evaluate(
+            server_round, collect(self.grid, push(self.grid, messages), timeout))
+        return dict(agg) if agg else None
+
+    def run(self, arrays: ArrayRecord, first_round: int, evaluate_fn: EvaluateFn,
+            after_round: Callable[[int, ArrayRecord], None],
+            evaluate_first: bool = False) -> ArrayRecord:
+        """Train, aggregate, federated evaluation, then `evaluate_fn(round, arrays, record)` and
+        `after_round(round, arrays)` (checkpoints); `evaluate_first`: the starting model too
+        (round first_round - 1, with no record)."""
+        timeout = self.cfg["fl"]["round_timeout"]
+        last = self.cfg["num_rounds"]
+        after_previous = 0.0
+        overlap = not getattr(self.grid, "synchronous", False)
+        clock = Stopwatch()
+        pending = self.push_train(first_round, arrays) if first_round <= last else None
+        self.first_push_time = time.time()
+        if evaluate_first:
+            evaluate_fn(first_round - 1, arrays, None)
+        for server_round in range(first_round, last + 1):
+            clock.lap("configure")
+            replies = collect(self.grid, pending, timeout)
+            clock.lap("communicate")       # waiting for the clients' replies
+            record = self.strategy.round_record
+            new, _ = self.strategy.driver.aggregate_train(server_round, replies)
+            if new is not None:
+                arrays = new
+            clock.lap("aggregate")
+            evaluation = self.federated_evaluation(server_round, arrays, timeout)
+            if evaluation is not False:
+                record.federated_evaluation = evaluation
+                clock.lap("federated_evaluate")
+            # seconds of this round's parts (the recorder adds its own); a round's checkpoint
+            # comes after its record is written, so each record carries the previous round's
+            record.timing = {**clock.laps, "checkpoint_previous_round": after_previous,
+                             "loss_check": record.loss_check_seconds}
+            if server_round < last and overlap:
+                pending = self.push_train(server_round + 1, arrays)
+                clock.lap("configure_next")
+            evaluate_fn(server_round, arrays, record)
+            clock.lap("evaluate_and_record")
+            after_round(server_round, arrays)
+            after_previous = clock.lap("checkpoint")
+            if server_round < last and not overlap:
+                pending = self.push_train(server_round + 1, arrays)
+                clock.lap("configure_next")
+            clock.laps = {"configure": clock.laps.get("configure_next", 0.0)}
+        return arrays
