@@ -35,7 +35,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))
 
 from fssl import augment  # noqa: E402
-from fssl.config import compose  # noqa: E402
+from server_app.config import compose  # noqa: E402
 from fssl.data import load_dataset  # noqa: E402
 from fssl.methods import make_model, make_trainer  # noqa: E402
 from fssl.runtime import data_meta  # noqa: E402
@@ -129,8 +129,8 @@ def loader(x, y, transform, batch_size):
 
 
 class Reference:
-    """The authors' client (notes/feddb_official_code.md): PIL augmentation per image on the CPU in
-    a DataLoader (FixTransform yields a weak and a strong view of every image), fp32 NCHW; the
+    """The authors' client, as their published code runs it: PIL augmentation per image on the
+    CPU in a DataLoader (FixTransform yields a weak and a strong view of every image), fp32 NCHW; the
     pseudo-labelling pass in eval mode, batches of 250; per local epoch one full-batch step with
     three forward passes: labeled (weak), unlabeled weak (train mode, for the APP-U EMA), strong."""
 

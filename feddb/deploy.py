@@ -92,7 +92,7 @@ def make_keys(out: Path, count: int, prefix: str = "supernode") -> list[Path]:
 
 def export_data(run_config: dict, out: Path) -> list[Path]:
     """One file per client holding only its own data (the simulation's partition)."""
-    from fssl.config import resolve
+    from server_app.config import resolve
     from fssl.data import write_client_files
     from fssl.runtime import dataset_for, partition_for
 

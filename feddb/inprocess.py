@@ -109,7 +109,7 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
                    overlap: bool = False) -> None:
     """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
     from client_app.app import app as client_app
-    from fssl.config import resolve
+    from server_app.config import resolve
     from server_app.app import app as server_app
 
     set_task_identity()

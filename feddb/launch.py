@@ -203,7 +203,8 @@ def launch(args: argparse.Namespace, head: RayHead | None) -> int:
 
     # the start-up timeline (run_dir/startup.json) counts from this launcher's start
     os.environ["FEDDB_LAUNCH_TIME"] = str(process_start() or time.time())
-    from fssl.config import ConfigError, resolve
+    from fssl.config import ConfigError
+    from server_app.config import resolve
     from fssl.data import DataError, load_dataset
 
     try:

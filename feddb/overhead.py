@@ -113,7 +113,7 @@ out = ""
 
 def model_shapes() -> dict[str, list[int]]:
     """The shapes of the default model's state (the arrays every message carries)."""
-    from fssl.config import compose
+    from server_app.config import compose
     from fssl.methods import make_model
 
     cfg = compose([])
@@ -204,7 +204,7 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
     `robust` record. No Flower: the strategy's own methods, as a ServerApp calls them."""
     import torch
 
-    from fssl.config import compose
+    from server_app.config import compose
     from fssl.methods import make_model
     from server_app.app import cores
     from strategy import ServerSetup, make_strategy

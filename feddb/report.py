@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 
 from server_app.recorder import run_summary
+from strategy.flower import FLOWER
 
 NAMES = {"fedavg": "FedAvg", "fixmatch": "FixMatch", "fedmatch": "FedMatch", "fedrgd": "FedRGD",
          "semifl": "SemiFL", "feddb": "FedDB"}
@@ -41,11 +42,7 @@ ORDER = ["FedAvg", "FixMatch", "FedMatch", "FedRGD", "SemiFL", "FixMatch-FedDPL"
          "FedMatch-FedDPL", "FedRGD-FedDPL", "SemiFL-FedDPL", "FedDB"]
 
 
-STRATEGY_NAMES = {"method": "the method's own (project)", "fedavg": "FedAvg",
-                  "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
-                  "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
-                  "fedtrimmedavg": "FedTrimmedAvg", "krum": "Krum", "multikrum": "MultiKrum",
-                  "bulyan": "Bulyan", "qfedavg": "QFedAvg"}
+STRATEGY_NAMES = {"method": "the method's own (project)", **FLOWER}
 
 
 def strategy_label(cfg: dict[str, Any]) -> str:

@@ -123,12 +123,12 @@ def _check_group_choices(overrides: list[str]) -> None:
                 )
 
 
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid value for `{key}`: {value!r}; allowed: {allowed}")
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -136,102 +136,100 @@ def validate(cfg: dict[str, Any]) -> None:
     """Check types and ranges of the resolved configuration before anything runs."""
     fl, tr, dma, server = cfg["fl"], cfg["train"], cfg["dma"], cfg["server"]
     part, model, data = cfg["partition"], cfg["model"], cfg["dataset"]
-    _require(isinstance(cfg["seed"], int) and not isinstance(cfg["seed"], bool), "seed",
+    require(isinstance(cfg["seed"], int) and not isinstance(cfg["seed"], bool), "seed",
              cfg["seed"], "an integer")
-    _require(isinstance(cfg["num_rounds"], int) and cfg["num_rounds"] >= 1, "num_rounds",
+    require(isinstance(cfg["num_rounds"], int) and cfg["num_rounds"] >= 1, "num_rounds",
              cfg["num_rounds"], "an integer >= 1")
-    _require(isinstance(cfg["dpl"], bool), "dpl", cfg["dpl"], "true or false")
-    _require(isinstance(dma["enabled"], bool), "dma.enabled", dma["enabled"], "true or false")
-    _require(cfg["device"] in ("auto", "cpu", "cuda"), "device", cfg["device"], "auto, cpu, cuda")
-    _require(isinstance(fl["num_clients"], int) and fl["num_clients"] >= 1, "fl.num_clients",
+    require(isinstance(cfg["dpl"], bool), "dpl", cfg["dpl"], "true or false")
+    require(isinstance(dma["enabled"], bool), "dma.enabled", dma["enabled"], "true or false")
+    require(cfg["device"] in ("auto", "cpu", "cuda"), "device", cfg["device"], "auto, cpu, cuda")
+    require(isinstance(fl["num_clients"], int) and fl["num_clients"] >= 1, "fl.num_clients",
              fl["num_clients"], "an integer >= 1")
-    _require(_number(fl["fraction_train"]) and 0 < fl["fraction_train"] <= 1,
+    require(is_number(fl["fraction_train"]) and 0 < fl["fraction_train"] <= 1,
              "fl.fraction_train", fl["fraction_train"], "a number in (0, 1]")
-    _require(_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
+    require(is_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
              "fl.fraction_evaluate", fl["fraction_evaluate"], "a number in [0, 1]")
     fixed = fl.get("always_sample", [])        # absent from runs saved before it existed
-    _require(isinstance(fixed, list) and all(
+    require(isinstance(fixed, list) and all(
         isinstance(p, int) and not isinstance(p, bool) and 0 <= p < fl["num_clients"]
         for p in fixed), "fl.always_sample", fixed,
         "a list of partition ids in [0, fl.num_clients), e.g. [0]")
     for key in ("round_timeout", "node_wait"):
-        _require(_number(fl[key]) and fl[key] >= 0, f"fl.{key}", fl[key], "a number >= 0")
-    _require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,
+        require(is_number(fl[key]) and fl[key] >= 0, f"fl.{key}", fl[key], "a number >= 0")
+    require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,
              "fl.min_train_clients", fl["min_train_clients"], "an integer >= 1")
-    _require(_number(tr["tau"]) and 0 < tr["tau"] <= 1, "train.tau", tr["tau"],
+    require(is_number(tr["tau"]) and 0 < tr["tau"] <= 1, "train.tau", tr["tau"],
              "a number with 0 < tau <= 1")
-    _require(tr["mode"] in ("fullbatch", "minibatch"), "train.mode", tr["mode"],
+    require(tr["mode"] in ("fullbatch", "minibatch"), "train.mode", tr["mode"],
              "fullbatch, minibatch")
-    _require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
+    require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
              tr["lr_schedule"], "cosine, constant")
-    _require(tr["precision"] in ("auto", "fp32", "bf16"), "train.precision", tr["precision"],
+    require(tr["precision"] in ("auto", "fp32", "bf16"), "train.precision", tr["precision"],
              "auto, fp32, bf16")
-    _require(tr["channels_last"] in ("auto", True, False), "train.channels_last",
+    require(tr["channels_last"] in ("auto", True, False), "train.channels_last",
              tr["channels_last"], "auto, true, false")
-    _require(isinstance(tr["compile"], bool), "train.compile", tr["compile"], "true or false")
-    _require(tr["optimizer_state"] in ("fresh", "client"), "train.optimizer_state",
+    require(isinstance(tr["compile"], bool), "train.compile", tr["compile"], "true or false")
+    require(tr["optimizer_state"] in ("fresh", "client"), "train.optimizer_state",
              tr["optimizer_state"], "fresh, client")
-    _require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",
+    require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",
              tr["unlabeled_loss_norm"], "all, confident")
     for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):
-        _require(_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
+        require(is_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
     for key in ("local_steps", "warmup_rounds", "local_epochs"):    # local_epochs 0: no steps
-        _require(isinstance(tr[key], int) and tr[key] >= 0, f"train.{key}", tr[key],
+        require(isinstance(tr[key], int) and tr[key] >= 0, f"train.{key}", tr[key],
                  "an integer >= 0")
     for key in ("batch_size", "mu", "infer_batch_size"):
-        _require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
+        require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
                  "an integer >= 1")
-    _require(_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",
+    require(is_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",
              cfg["app_u"]["gamma"], "a number in [0, 1)")
-    _require(cfg["app_u"].get("estimate", "local") in ("local", "literal"), "app_u.estimate",
+    require(cfg["app_u"].get("estimate", "local") in ("local", "literal"), "app_u.estimate",
              cfg["app_u"].get("estimate"), "local, literal")
-    _require(dma["mode"] in ("softmax", "literal", "exact"), "dma.mode", dma["mode"],
+    require(dma["mode"] in ("softmax", "literal", "exact"), "dma.mode", dma["mode"],
              "softmax, literal, exact")
-    _require(dma["optimizer"] in ("sgd", "adam"), "dma.optimizer", dma["optimizer"], "sgd, adam")
-    _require(isinstance(dma["steps"], int) and dma["steps"] >= 0, "dma.steps", dma["steps"],
+    require(dma["optimizer"] in ("sgd", "adam"), "dma.optimizer", dma["optimizer"], "sgd, adam")
+    require(isinstance(dma["steps"], int) and dma["steps"] >= 0, "dma.steps", dma["steps"],
              "an integer >= 0")
-    _require(_number(dma["lr"]) and dma["lr"] > 0, "dma.lr", dma["lr"], "a number > 0")
-    _require(dma["cap"] is None or (_number(dma["cap"]) and dma["cap"] >= 1), "dma.cap",
+    require(is_number(dma["lr"]) and dma["lr"] > 0, "dma.lr", dma["lr"], "a number > 0")
+    require(dma["cap"] is None or (is_number(dma["cap"]) and dma["cap"] >= 1), "dma.cap",
              dma["cap"], "a number >= 1 (each weight <= cap/m), or null for unbounded DMA")
-    _require(_number(server["lr"]) and server["lr"] > 0, "server.lr", server["lr"], "a number > 0")
-    _require(_number(server["momentum"]) and 0 <= server["momentum"] < 1, "server.momentum",
+    require(is_number(server["lr"]) and server["lr"] > 0, "server.lr", server["lr"], "a number > 0")
+    require(is_number(server["momentum"]) and 0 <= server["momentum"] < 1, "server.momentum",
              server["momentum"], "a number in [0, 1)")
-    _require(server["weighting"] in ("uniform", "samples"), "server.weighting",
+    require(server["weighting"] in ("uniform", "samples"), "server.weighting",
              server["weighting"], "uniform, samples")
     dp = cfg["dp"]
-    _require(dp["mode"] in ("off", "fixed", "adaptive"), "dp.mode", dp["mode"],
+    require(dp["mode"] in ("off", "fixed", "adaptive"), "dp.mode", dp["mode"],
              "off, fixed, adaptive")
-    _require(_number(dp["noise_multiplier"]) and dp["noise_multiplier"] >= 0,
+    require(is_number(dp["noise_multiplier"]) and dp["noise_multiplier"] >= 0,
              "dp.noise_multiplier", dp["noise_multiplier"], "a number >= 0")
-    _require(_number(dp["clipping_norm"]) and dp["clipping_norm"] > 0, "dp.clipping_norm",
+    require(is_number(dp["clipping_norm"]) and dp["clipping_norm"] > 0, "dp.clipping_norm",
              dp["clipping_norm"], "a number > 0")
-    _require(_number(dp["target_quantile"]) and 0 < dp["target_quantile"] < 1,
+    require(is_number(dp["target_quantile"]) and 0 < dp["target_quantile"] < 1,
              "dp.target_quantile", dp["target_quantile"], "a number in (0, 1)")
-    _require(dp["mode"] == "off" or server["momentum"] == 0, "server.momentum",
+    require(dp["mode"] == "off" or server["momentum"] == 0, "server.momentum",
              server["momentum"], "0 with dp.mode on (noise is added after the server update; a "
              "momentum buffer would carry un-noised updates into later rounds)")
     rb = server["robust"]
-    _require(rb["clip"] is None or (_number(rb["clip"]) and rb["clip"] >= 1), "server.robust.clip",
+    require(rb["clip"] is None or (is_number(rb["clip"]) and rb["clip"] >= 1), "server.robust.clip",
              rb["clip"], "a number >= 1 (x the median update norm), or null")
-    _require(rb["rule"] in ("mean", "median", "trimmed_mean", "krum", "multikrum"),
-             "server.robust.rule", rb["rule"], "mean, median, trimmed_mean, krum, multikrum")
-    _require(_number(rb["trim"]) and 0 <= rb["trim"] < 0.5, "server.robust.trim", rb["trim"],
+    require(is_number(rb["trim"]) and 0 <= rb["trim"] < 0.5, "server.robust.trim", rb["trim"],
              "a number in [0, 0.5)")
-    _require(isinstance(rb["num_malicious"], int) and rb["num_malicious"] >= 0,
+    require(isinstance(rb["num_malicious"], int) and rb["num_malicious"] >= 0,
              "server.robust.num_malicious", rb["num_malicious"], "an integer >= 0")
-    _require(rb["num_selected"] is None or (isinstance(rb["num_selected"], int)
+    require(rb["num_selected"] is None or (isinstance(rb["num_selected"], int)
                                             and rb["num_selected"] >= 1),
              "server.robust.num_selected", rb["num_selected"], "an integer >= 1, or null")
-    _require(rb["min_cosine"] is None or (_number(rb["min_cosine"])
+    require(rb["min_cosine"] is None or (is_number(rb["min_cosine"])
                                           and -1 <= rb["min_cosine"] <= 1),
              "server.robust.min_cosine", rb["min_cosine"], "a number in [-1, 1], or null")
-    _require(rb["min_cosine_margin"] is None or (_number(rb["min_cosine_margin"])
+    require(rb["min_cosine_margin"] is None or (is_number(rb["min_cosine_margin"])
                                                  and 0 <= rb["min_cosine_margin"] <= 2),
              "server.robust.min_cosine_margin", rb["min_cosine_margin"],
              "a number in [0, 2], or null")
-    _require(rb["loss_check"] is None or (_number(rb["loss_check"]) and rb["loss_check"] >= 0),
+    require(rb["loss_check"] is None or (is_number(rb["loss_check"]) and rb["loss_check"] >= 0),
              "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
-    _require(rb.get("scope", "deployment") in ("deployment", "always"), "server.robust.scope",
+    require(rb.get("scope", "deployment") in ("deployment", "always"), "server.robust.scope",
              rb.get("scope"), "deployment, always")
     if "loss_check_scope" in rb:
         raise ConfigError(
@@ -239,141 +237,73 @@ def validate(cfg: dict[str, Any]) -> None:
             "places every defence. A run saved with it ran the norm bound and the agreement filter "
             "in simulations too; resume it with the code it was made with (its provenance.json, "
             "or commit cd84422), or start it anew")
-    _require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
+    require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
              rb.get("loss_check_scale"), "lr, none")
     cands = rb.get("loss_check_candidates")
-    _require(cands is None or (isinstance(cands, int) and not isinstance(cands, bool)
+    require(cands is None or (isinstance(cands, int) and not isinstance(cands, bool)
                                and cands >= 1),
              "server.robust.loss_check_candidates", cands, "an integer >= 1, or null (all)")
-    _require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,
+    require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,
              "server.robust.loss_check_size", rb["loss_check_size"], "an integer >= 1")
-    _require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
+    require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
              "partition, reported")
-    _require(server["max_samples"] is None or (isinstance(server["max_samples"], int)
+    require(server["max_samples"] is None or (isinstance(server["max_samples"], int)
                                                and server["max_samples"] >= 1),
              "server.max_samples", server["max_samples"], "an integer >= 1, or null")
-    _require(part["mode"] in ("iid", "dirichlet"), "partition.mode", part["mode"],
+    require(part["mode"] in ("iid", "dirichlet"), "partition.mode", part["mode"],
              "iid, dirichlet")
     if part["mode"] == "dirichlet":
-        _require(_number(part["delta"]) and part["delta"] > 0, "partition.delta",
+        require(is_number(part["delta"]) and part["delta"] > 0, "partition.delta",
                  part["delta"], "a number > 0 (the Dirichlet concentration delta)")
     ratio = part.get("imbalance_ratio")
-    _require(ratio is None or (_number(ratio) and ratio >= 1), "partition.imbalance_ratio", ratio,
+    require(ratio is None or (is_number(ratio) and ratio >= 1), "partition.imbalance_ratio", ratio,
              "a number >= 1 (largest over smallest class of the unlabeled pool), or null")
-    _require(isinstance(part["min_size"], int) and part["min_size"] >= 1, "partition.min_size",
+    require(isinstance(part["min_size"], int) and part["min_size"] >= 1, "partition.min_size",
              part["min_size"], "an integer >= 1")
-    _require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
+    require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
              "batchstat, bn, gn")
     for key in ("nesterov",):
-        _require(isinstance(tr[key], bool), f"train.{key}", tr[key], "true or false")
+        require(isinstance(tr[key], bool), f"train.{key}", tr[key], "true or false")
     for key in ("flip", "download"):
-        _require(isinstance(data[key], bool), f"dataset.{key}", data[key], "true or false")
-    _require(isinstance(data["path"], str), "dataset.path", data["path"], "a path string")
-    _require(isinstance(cfg["output_dir"], str), "output_dir", cfg["output_dir"], "a path string")
+        require(isinstance(data[key], bool), f"dataset.{key}", data[key], "true or false")
+    require(isinstance(data["path"], str), "dataset.path", data["path"], "a path string")
+    require(isinstance(cfg["output_dir"], str), "output_dir", cfg["output_dir"], "a path string")
     for key in ("mean", "std"):
         v = data[key]
-        _require(v is None or (isinstance(v, list) and v and all(_number(x) for x in v)
+        require(v is None or (isinstance(v, list) and v and all(is_number(x) for x in v)
                                and (key == "mean" or all(x > 0 for x in v))),
                  f"dataset.{key}", v, "null or a list of numbers per channel (std > 0)")
-    validate_method(cfg["method"])
-    validate_strategy(cfg)
-    _require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
+    from .methods import check_method      # the registry imports this module's checks
+
+    check_method(cfg["method"])
+    require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
     for key in ("width", "gn_groups"):
-        _require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
+        require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
                  "an integer >= 1")
-    _require(isinstance(model.get("hidden", 0), int) and model.get("hidden", 0) >= 0,
+    require(isinstance(model.get("hidden", 0), int) and model.get("hidden", 0) >= 0,
              "model.hidden", model.get("hidden"), "an integer >= 0")
-    _require(_number(model["bn_momentum"]) and 0 < model["bn_momentum"] <= 1,
+    require(is_number(model["bn_momentum"]) and 0 < model["bn_momentum"] <= 1,
              "model.bn_momentum", model["bn_momentum"], "a number in (0, 1]")
-    _require(_number(cfg["app_u"]["eps"]) and cfg["app_u"]["eps"] > 0, "app_u.eps",
+    require(is_number(cfg["app_u"]["eps"]) and cfg["app_u"]["eps"] > 0, "app_u.eps",
              cfg["app_u"]["eps"], "a number > 0")
     for key in ("val_size", "val_seed"):
-        _require(isinstance(data.get(key, 0), int) and data.get(key, 0) >= 0, f"dataset.{key}",
+        require(isinstance(data.get(key, 0), int) and data.get(key, 0) >= 0, f"dataset.{key}",
                  data.get(key), "an integer >= 0")
-    _require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
+    require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
              "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
-    _require(isinstance(cfg["logging"]["tensorboard"], bool), "logging.tensorboard",
+    require(isinstance(cfg["logging"]["tensorboard"], bool), "logging.tensorboard",
              cfg["logging"]["tensorboard"], "true or false")
-    _require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
+    require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
              "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
     every = cfg["eval"].get("every", 1)
-    _require(isinstance(every, int) and not isinstance(every, bool) and every >= 1,
+    require(isinstance(every, int) and not isinstance(every, bool) and every >= 1,
              "eval.every", every, "an integer >= 1 (1: evaluate every round)")
-    _require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
+    require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
              "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
     threads = cfg["eval"].get("threads", "auto")
-    _require(threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool)
+    require(threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool)
                                    and threads >= 1),
              "eval.threads", threads, "auto, or an integer >= 1")
-
-
-TRAINER_NAMES = ("supervised", "fixmatch", "semifl", "fedmatch")
-STRATEGY_NAMES = ("fedavg", "fedrgd", "fedmatch")
-
-
-def validate_method(m: dict[str, Any]) -> None:
-    """The method's trainer, strategy and their own parameters (conf/method/*.yaml)."""
-    _require(m.get("trainer") in TRAINER_NAMES, "method.trainer", m.get("trainer"),
-             ", ".join(TRAINER_NAMES))
-    _require(m.get("strategy") in STRATEGY_NAMES, "method.strategy", m.get("strategy"),
-             ", ".join(STRATEGY_NAMES))
-    _require((m["trainer"] == "fedmatch") == (m["strategy"] == "fedmatch"), "method.strategy",
-             m["strategy"], "fedmatch exactly when method.trainer is fedmatch (decomposed model)")
-    _require(m.get("pseudo_labels", "round") in ("round", "online"), "method.pseudo_labels",
-             m.get("pseudo_labels"), "round, online")
-    if m["strategy"] == "fedrgd":
-        _require(isinstance(m.get("groups"), int) and m["groups"] >= 1, "method.groups",
-                 m.get("groups"), "an integer >= 1")
-    if m["trainer"] == "semifl":
-        _require(_number(m.get("mix_alpha")) and m["mix_alpha"] > 0, "method.mix_alpha",
-                 m.get("mix_alpha"), "a number > 0")
-    if m["trainer"] == "fedmatch":
-        for key in ("lambda_s", "lambda_a", "lambda_i", "lambda_l1", "lambda_l2", "l1_thres"):
-            _require(_number(m.get(key)) and m[key] >= 0, f"method.{key}", m.get(key),
-                     "a number >= 0")
-        _require(m.get("l2_reduction") in ("mean", "sum"), "method.l2_reduction",
-                 m.get("l2_reduction"), "mean, sum")
-        _require(_number(m.get("psi_factor")) and m["psi_factor"] >= 0, "method.psi_factor",
-                 m.get("psi_factor"), "a number >= 0")
-        for key in ("num_helpers", "helper_interval", "probe_size"):
-            low = 0 if key == "num_helpers" else 1
-            _require(isinstance(m.get(key), int) and m[key] >= low, f"method.{key}", m.get(key),
-                     f"an integer >= {low}")
-        _require(m.get("view") in ("raw", "weak"), "method.view", m.get("view"), "raw, weak")
-
-
-FLOWER_STRATEGIES = ("fedavg", "fedavgm", "fedprox", "fedadam", "fedyogi", "fedadagrad",
-                     "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan", "qfedavg")
-
-
-def validate_strategy(cfg: dict[str, Any]) -> None:
-    """`strategy`: the method's own, one of Flower's, or a user's class by import path, checked
-    before anything runs (the class is imported; strategy/flower.py)."""
-    s = cfg.get("strategy") or {"name": "method"}
-    name = s.get("name")
-    _require(name in ("method", "custom", *FLOWER_STRATEGIES), "strategy.name", name,
-             ", ".join(("method", *FLOWER_STRATEGIES, "custom")))
-    if name == "method":
-        return
-    _require(isinstance(s.get("params") or {}, dict), "strategy.params", s.get("params"),
-             "a mapping of the strategy's keyword arguments")
-    own = cfg["method"]["strategy"]
-    if own != "fedavg":
-        raise ConfigError(f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
-                          f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
-                          f"); strategy={name} cannot replace it. Use strategy=method, or a "
-                          "method that averages (fedavg, fixmatch, feddb, semifl)")
-    _require(cfg["server"]["robust"]["rule"] == "mean", "server.robust.rule",
-             cfg["server"]["robust"]["rule"], f"mean with strategy={name} (the strategy "
-             "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
-             "for a robust rule)")
-    if name == "custom":
-        from strategy.flower import StrategyError, load_class
-
-        try:
-            load_class(str(s.get("target") or ""))
-        except StrategyError as err:
-            raise ConfigError(str(err)) from err
 
 
 # The defences server.robust.scope places, as (config path, what it is), in the order they act.

@@ -111,7 +111,7 @@ def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
 
 def regularisers(model: nn.Module, l2_reduction: str = "sum") -> tuple[torch.Tensor, torch.Tensor]:
     """sum |psi| and (sigma - psi)^2 over all decomposed layers, the latter summed (official) or
-    averaged over the psi values (`l2_reduction: mean`, the default here: README, FedMatch)."""
+    averaged over the psi values (`l2_reduction: mean`, the default here: docs/methods.md, FedMatch)."""
     pairs = decomposed_pairs(model)
     l1 = sum(psi.abs().sum() for _, psi in pairs)
     l2 = sum((sigma - psi).pow(2).sum() for sigma, psi in pairs)

@@ -19,7 +19,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fssl import checkpoint
-from fssl.config import DEFENCES, apply_defence_scope, resolve
+from fssl.config import DEFENCES, apply_defence_scope
+from .config import resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
 from fssl.profiling import Timeline, profiled

@@ -3,13 +3,33 @@ FedDB with DMA weights), FedRGD's grouped averaging, and FedMatch's helper selec
 
 from typing import Any
 
-from fssl.config import clients_per_round
+from fssl.config import clients_per_round, require
 
+from . import flower, robust
 from .base import RoundRecord, ServerSetup, WeightedAverage
 from .fedmatch import FedMatch
 from .fedrgd import FedRGD
 
-STRATEGIES = {"fedavg": WeightedAverage, "fedrgd": FedRGD, "fedmatch": FedMatch}
+STRATEGIES: dict[str, type[WeightedAverage]] = {
+    "fedavg": WeightedAverage, "fedrgd": FedRGD, "fedmatch": FedMatch}
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    """The server's part of a configuration: the method's strategy and its parameters, the
+    robust rule, and `strategy` (Flower's or a user's). fssl.config checks the rest."""
+    m = cfg["method"]
+    require(m.get("strategy") in STRATEGIES, "method.strategy", m.get("strategy"),
+            ", ".join(STRATEGIES))
+    own = STRATEGIES[m["strategy"]]
+    needs = {c.trainer: name for name, c in STRATEGIES.items() if c.trainer}
+    if own.trainer is not None or m["trainer"] in needs:
+        require(own.trainer == m["trainer"], "method.strategy", m["strategy"],
+                f"{needs.get(m['trainer'], ', '.join(STRATEGIES))} with method.trainer="
+                f"{m['trainer']} (its model and replies belong together)")
+    own.check_params(m)
+    rule = cfg["server"]["robust"]["rule"]
+    require(rule in robust.RULES, "server.robust.rule", rule, ", ".join(robust.RULES))
+    flower.check_choice(cfg)
 
 
 def make_strategy(cfg: dict[str, Any], num_classes: int,
@@ -19,9 +39,7 @@ def make_strategy(cfg: dict[str, Any], num_classes: int,
     `dp.mode` wraps it in Flower's server-side differential-privacy strategy (`driver`). `setup`:
     what the ServerApp knows of the run (nodes, partition sizes, the loss check's evaluation)."""
     if cfg.get("strategy", {}).get("name", "method") != "method":
-        from .flower import FlowerStrategy     # Flower's or the user's (strategy/flower.py)
-
-        strategy: WeightedAverage = FlowerStrategy(cfg, num_classes, setup)
+        strategy: WeightedAverage = flower.FlowerStrategy(cfg, num_classes, setup)
     else:
         strategy = STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes, setup)
     dp = cfg["dp"]
@@ -42,4 +60,4 @@ def make_strategy(cfg: dict[str, Any], num_classes: int,
 
 
 __all__ = ["FedMatch", "FedRGD", "RoundRecord", "STRATEGIES", "ServerSetup", "WeightedAverage",
-           "make_strategy"]
+           "make_strategy", "validate"]

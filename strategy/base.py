@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fssl.config import clients_per_round
 from fssl.dma import dma_weights
-from fssl.methods import TRAINERS
+from fssl.methods import trainer_class
 from fssl.train import cosine_lr
 
 from . import contract, robust
@@ -73,6 +73,12 @@ class RoundRecord:
 
 class WeightedAverage(FedAvg):
     """Uniform (or sample-weighted) averaging plus server momentum."""
+
+    trainer: str | None = None      # the one trainer its clients must run; None: any but those
+
+    @staticmethod
+    def check_params(m: dict[str, Any]) -> None:
+        """The strategy's own parameters under `method` (conf/method/*.yaml); none here."""
 
     def __init__(self, cfg: dict[str, Any], num_classes: int,
                  setup: ServerSetup | None = None) -> None:
@@ -228,7 +234,7 @@ class WeightedAverage(FedAvg):
                                  "at_cap": res.at_cap}
         if self.cfg["server"]["weighting"] == "samples":
             # n_m: the examples client m trains on (its labels alone for labels-only training)
-            unl = TRAINERS[self.cfg["method"]["trainer"]].uses_unlabeled and not warmup
+            unl = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled and not warmup
             sizes = np.array([n_l + unl * n_u for n_l, n_u in
                               (self.trusted_sizes(p["metrics"]) for p in parsed)],
                              dtype=np.float64)

@@ -25,6 +25,8 @@ from .contract import numpy_to_arrays
 
 
 class FedMatch(WeightedAverage):
+    trainer = "fedmatch"        # its clients train decomposed models (sigma + psi)
+
     def __init__(self, cfg: dict[str, Any], num_classes: int,
                  setup: ServerSetup | None = None) -> None:
         super().__init__(cfg, num_classes, setup)

@@ -16,10 +16,17 @@ from typing import Any
 
 import numpy as np
 
+from fssl.config import require
+
 from .base import WeightedAverage
 
 
 class FedRGD(WeightedAverage):
+    @staticmethod
+    def check_params(m: dict[str, Any]) -> None:
+        require(isinstance(m.get("groups"), int) and m["groups"] >= 1, "method.groups",
+                m.get("groups"), "an integer >= 1")
+
     def groups(self, server_round: int, n: int) -> list[np.ndarray]:
         """Random split of positions 0..n-1 into min(S, n) groups of near-equal size, seeded."""
         rng = np.random.default_rng([self.cfg["seed"], server_round, 11])

@@ -30,6 +30,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fssl.config import ConfigError, require
+
 from .base import ServerSetup, WeightedAverage
 from .contract import arrays_to_numpy
 from .robust import STAT_SUFFIXES
@@ -75,6 +77,34 @@ def load_class(target: str) -> type:
                             "Strategy needs configure_train, aggregate_train, configure_evaluate, "
                             "aggregate_evaluate, summary")
     return cls
+
+
+def check_choice(cfg: dict[str, Any]) -> None:
+    """`strategy`: the method's own, one of Flower's, or a user's class by import path, checked
+    before anything runs (a user's class is imported)."""
+    s = cfg.get("strategy") or {"name": "method"}
+    name = s.get("name")
+    require(name in ("method", "custom", *FLOWER), "strategy.name", name,
+            ", ".join(("method", *FLOWER, "custom")))
+    if name == "method":
+        return
+    require(isinstance(s.get("params") or {}, dict), "strategy.params", s.get("params"),
+            "a mapping of the strategy's keyword arguments")
+    own = cfg["method"]["strategy"]
+    if own != "fedavg":
+        raise ConfigError(f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
+                          f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
+                          f"); strategy={name} cannot replace it. Use strategy=method, or a "
+                          "method that averages (fedavg, fixmatch, feddb, semifl)")
+    require(cfg["server"]["robust"]["rule"] == "mean", "server.robust.rule",
+            cfg["server"]["robust"]["rule"], f"mean with strategy={name} (the strategy "
+            "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
+            "for a robust rule)")
+    if name == "custom":
+        try:
+            load_class(str(s.get("target") or ""))
+        except StrategyError as err:
+            raise ConfigError(str(err)) from err
 
 
 def build_inner(scfg: dict[str, Any]) -> Strategy:

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
                       MetricRecord, RecordDict)
 
-from fssl.config import compose  # noqa: E402
+from server_app.config import compose  # noqa: E402
 from feddb.inprocess import make_metadata  # noqa: E402,F401
 
 TINY = ["fl.num_clients=4", "fl.fraction_train=0.5", "num_rounds=2", "dataset.num_labeled=200",

@@ -1,5 +1,5 @@
 """One malicious node among five, on the in-process grid: each attack is real without its defence
-and contained with the defaults (client_app/attacks.py, strategy/robust.py, README "Threat model")."""
+and contained with the defaults (client_app/attacks.py, strategy/robust.py, docs/deployment.md, "Threat model")."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_a_sign_flip_moves_the_model_no_further_than_one_client_of_bounded_norm(
     bound = 2.0 * np.median(norms["update_norms"])
     # the flipped update replaces +D_0 by -D_0 with weight 1/5, both at most the norm bound
     assert 0 < moved <= 2 * bound / 5 + 1e-9
-    # coordinate-wise rules are no cure on non-IID updates (README, "Threat model"): measured
+    # coordinate-wise rules are no cure on non-IID updates (docs/deployment.md, "Threat model"): measured
     median = influence(tmp_path, small_npz, "sign_flip", f"server.robust.rule=median {NO_FILTER}")
     assert median > 0
 
@@ -272,7 +272,7 @@ def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path)
 
     import torch
 
-    from fssl.config import resolve
+    from server_app.config import resolve
     from fssl.methods import make_model
     from fssl.runtime import dataset_for
     from server_app.recorder import RoundRecorder

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from feddb import claims
-from fssl.config import compose
+from server_app.config import compose
 
 ROWS = {"fedavg": ["method=fedavg"], "fixmatch": ["method=fixmatch"],
         "fixmatch-uniform": ["method=fixmatch", "server.weighting=uniform"],

@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MessageType
 
 from client_app.app import app as client_app
 from conftest import TINY, make_context, make_instruction
-from fssl.config import compose
+from server_app.config import compose
 from fssl.methods import make_model
 from fssl.models import build_model
 

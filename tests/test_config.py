@@ -1,7 +1,7 @@
 import pytest
 
-from fssl.config import (ConfigError, compose, compose_from_run_config, group_options,
-                         run_config_to_overrides)
+from fssl.config import ConfigError, compose_from_run_config, group_options, run_config_to_overrides
+from server_app.config import compose, resolve
 
 
 def test_defaults_are_the_quick_feddb_run():
@@ -73,7 +73,7 @@ def test_paper_presets(name):
     ({"method": "fedmatch", "overrides": "method.view=strong"},
      "`method.view`: 'strong'; allowed: raw, weak"),
     ({"method": "fedmatch", "overrides": "method.strategy=fedavg"},
-     "fedmatch exactly when method.trainer is fedmatch"),
+     "`method.strategy`: 'fedavg'; allowed: fedmatch with method.trainer=fedmatch"),
     ({"overrides": "method.pseudo_labels=sometimes"}, "`method.pseudo_labels`: 'sometimes'"),
     ({"overrides": "train.precision=fp16"}, "`train.precision`: 'fp16'; allowed: auto, fp32, bf16"),
     ({"overrides": "train.optimizer_state=disk"}, "`train.optimizer_state`: 'disk'"),
@@ -94,11 +94,12 @@ def test_paper_presets(name):
 def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
                        .replace("[", "\\[").replace(".", "\\.").replace("*", "\\*")):
-        compose_from_run_config(rc)
+        resolve(rc)
 
 
 def test_every_defence_is_in_scope_on_supernodes_and_off_in_simulations_by_default():
-    from fssl.config import apply_defence_scope, compose
+    from fssl.config import apply_defence_scope
+    from server_app.config import compose
 
     cfg = compose()
     assert apply_defence_scope(cfg, untrusted_nodes=True) == []     # SuperNodes: all kept
@@ -115,7 +116,8 @@ def test_every_defence_is_in_scope_on_supernodes_and_off_in_simulations_by_defau
 
 
 def test_the_paper_presets_run_without_any_defence_where_nodes_are_simulated():
-    from fssl.config import apply_defence_scope, compose
+    from fssl.config import apply_defence_scope
+    from server_app.config import compose
 
     cfg = compose(["experiment=paper/cifar10_dir0.3"])
     apply_defence_scope(cfg, untrusted_nodes=False)
@@ -127,12 +129,17 @@ def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():
     """Flower's simulation grid: the clients busy every core while the server evaluates."""
     import torch
 
-    from server_app.app import server_threads
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    InMemoryGrid = type("InMemoryGrid", (), {})            # Flower's simulation grid, by name
-    LocalGrid = type("LocalGrid", (), {})                  # the in-process runner: sequential
+    from feddb.inprocess import LocalGrid
+    from server_app.app import server_threads, simulated
+
+    flower = object.__new__(InMemoryGrid)                  # Flower's simulation grid
+    local = object.__new__(LocalGrid)                      # the in-process runner: sequential
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert server_threads("auto", InMemoryGrid(), cpu) == 1
-    assert server_threads("auto", LocalGrid(), cpu) is None
-    assert server_threads("auto", InMemoryGrid(), cuda) is None
-    assert server_threads(3, InMemoryGrid(), cpu) == 3
+    assert server_threads("auto", flower, cpu) == 1
+    assert server_threads("auto", local, cpu) is None
+    assert server_threads("auto", flower, cuda) is None
+    assert server_threads(3, flower, cpu) == 3
+    # both are simulations (the defences stay off); any other grid has SuperNodes
+    assert simulated(flower) and simulated(local) and not simulated(object())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from fssl.config import compose
+from server_app.config import compose
 from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from conftest import TINY, make_reply
 from fssl import fedmatch
-from fssl.config import compose
+from server_app.config import compose
 from fssl.losses import debias
 from fssl.methods import make_model, make_trainer
 from fssl.models import build_model

@@ -11,7 +11,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from client_app.app import app as client_app
 from fssl import checkpoint
-from fssl.config import ConfigError, resolve
+from fssl.config import ConfigError
+from server_app.config import resolve
 from conftest import make_metadata, patch_task_identity
 from localgrid import metrics_without_timing, run_in_process
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from fssl.config import ConfigError, compose
+from fssl.config import ConfigError
+from server_app.config import compose
 from fssl.data import DataError, Dataset, split_validation
 from fssl.methods import make_model, make_trainer
 from fssl.metrics import prediction_stats

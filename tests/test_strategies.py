@@ -9,7 +9,8 @@ import torch
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from conftest import TINY, make_reply
-from fssl.config import ConfigError, compose
+from fssl.config import ConfigError
+from server_app.config import compose
 from fssl.dma import dma_weights
 from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for

@@ -5,7 +5,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from conftest import make_metadata, make_reply
-from fssl.config import compose
+from server_app.config import compose
 from fssl.dma import dma_weights
 from strategy import WeightedAverage, make_strategy
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fssl.config import compose
+from server_app.config import compose
 from server_app import report
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -1,0 +1,50 @@
+"""Dependencies point down: feddb -> server_app, client_app -> strategy -> fssl. The core imports
+neither Flower nor the apps; a strategy knows nothing of the apps; the two apps know nothing of
+each other or of the user's tools. Every import counts, including those inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+# package -> the top-level modules it must never import
+FORBIDDEN = {
+    "fssl": {"flwr", "strategy", "server_app", "client_app", "feddb"},
+    "strategy": {"server_app", "client_app", "feddb"},
+    "client_app": {"server_app", "feddb"},
+    "server_app": {"client_app", "feddb"},
+}
+
+
+def imported_modules(source: str) -> set[str]:
+    """Top-level names of every module a source imports (relative imports stay in the package)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def violations(package: str) -> list[str]:
+    out = []
+    for path in sorted((PROJECT / package).rglob("*.py")):
+        bad = imported_modules(path.read_text()) & FORBIDDEN[package]
+        out += [f"{path.relative_to(PROJECT)} imports {name}" for name in sorted(bad)]
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_point_down(package):
+    assert violations(package) == []
+
+
+def test_the_check_sees_upward_imports_anywhere_in_a_file():
+    source = "import numpy\n\ndef f():\n    from flwr.app import Message\n    import server_app.app\n"
+    assert imported_modules(source) & FORBIDDEN["fssl"] == {"flwr", "server_app"}
+    assert imported_modules("from .config import require\n") == set()
