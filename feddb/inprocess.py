@@ -20,8 +20,6 @@ from flwr.app import Context, Error, Message, MessageType, Metadata, RecordDict
 from flwr.serverapp import Grid
 
 PROJECT = Path(__file__).resolve().parents[1]
-RUN_CONFIG_KEYS = ("method", "strategy", "dpl", "dma", "dataset", "data-path", "partition", "model",
-                   "experiment", "num-server-rounds", "seed", "output-dir", "overrides", "resume")
 
 
 def set_task_identity() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PYPROJECT = CONF_DIR.parent / "pyproject.toml"
 
 GROUPS = ("method", "strategy", "dataset", "partition", "model", "experiment")
 
@@ -26,23 +27,42 @@ def group_options(group: str) -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
+def run_config_defaults() -> dict[str, Any]:
+    """The run-config keys and their defaults, as pyproject.toml declares them for Flower."""
+    import tomllib
+
+    with open(PYPROJECT, "rb") as f:
+        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+
+
+# run-config key -> the Hydra key it sets (the groups set themselves; `overrides` and `resume`
+# are handled apart)
+RUN_CONFIG_TARGETS = {**{g: g for g in GROUPS}, "dpl": "dpl", "dma": "dma.enabled",
+                      "data-path": "dataset.path", "seed": "seed", "output-dir": "output_dir",
+                      "num-server-rounds": "num_rounds"}
+
+
+def given(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The keys a run-config sets away from their declared defaults (an empty string, as in run
+    configs saved before the keys were typed, also means the default)."""
+    defaults = run_config_defaults()
+    return {k: v for k, v in run_config.items()
+            if v != "" and not (k in defaults and v == defaults[k] and type(v) is type(defaults[k]))}
+
+
 def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
     """Translate Flower run-config keys (pyproject `[tool.flwr.app.config]`) to Hydra overrides.
-
-    An empty string means "keep the default of conf/".
-    """
-    rc = dict(run_config)
+    A key at its declared default keeps conf/'s value."""
+    rc = given(run_config)
+    unknown = sorted(set(rc) - set(RUN_CONFIG_TARGETS) - {"overrides", "resume"})
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {unknown}: the keys are "
+                          f"{', '.join(run_config_defaults())} (pyproject.toml)")
     out: list[str] = []
-    for key in GROUPS:
-        value = rc.get(key, "")
-        if value != "":
-            out.append(f"{key}={value}")
-    simple = {"dpl": "dpl", "dma": "dma.enabled", "data-path": "dataset.path",
-              "seed": "seed", "output-dir": "output_dir", "num-server-rounds": "num_rounds"}
-    for key, target in simple.items():
-        value = rc.get(key, "")
-        if value != "":
-            out.append(f"{target}={_hydra_value(value)}")
+    for key, target in RUN_CONFIG_TARGETS.items():
+        if key in rc:
+            value = rc[key]
+            out.append(f"{target}={value if key in GROUPS else _hydra_value(value)}")
     extra = rc.get("overrides", "")
     if extra:
         out.extend(shlex.split(str(extra)))
@@ -91,7 +111,7 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
     resume = str(run_config.get("resume", "") or "")
     if not resume:
         return compose_from_run_config(run_config), None
-    others = sorted(k for k, v in run_config.items() if k != "resume" and v != "")
+    others = sorted(k for k in given(run_config) if k != "resume")
     if others:
         raise ConfigError(f"resume continues a run with its saved configuration; remove {others} "
                           "from the run-config")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from feddb.inprocess import RUN_CONFIG_KEYS, LocalGrid, run_in_process  # noqa: F401
+from feddb.inprocess import LocalGrid, run_in_process  # noqa: F401
 
 
 def metrics_without_timing(run_dir) -> list[dict]:

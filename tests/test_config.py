@@ -13,6 +13,38 @@ def test_defaults_are_the_quick_feddb_run():
     assert cfg["train"]["tau"] == 0.95 and cfg["dma"]["steps"] == 100 and cfg["dma"]["lr"] == 1.0
 
 
+def test_run_config_keys_are_declared_once_typed_with_confs_defaults():
+    """pyproject.toml declares the keys Flower takes; each maps to conf/, and its default is
+    conf/'s own, so `flwr run .` with no options runs conf/'s default run."""
+    import yaml
+
+    from fssl.config import CONF_DIR, GROUPS, RUN_CONFIG_TARGETS, run_config_defaults
+
+    defaults = run_config_defaults()
+    assert set(defaults) == set(RUN_CONFIG_TARGETS) | {"overrides", "resume"}
+    conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    chosen = {k: v for d in conf["defaults"] if isinstance(d, dict) for k, v in d.items()}
+    assert {g: defaults[g] for g in GROUPS} == {g: chosen[g] for g in GROUPS}
+    assert defaults["seed"] == conf["seed"] and isinstance(defaults["num-server-rounds"], int)
+    assert run_config_to_overrides(defaults) == []
+    assert compose_from_run_config(defaults)["num_rounds"] == 40       # quick's
+
+
+def test_a_key_at_its_default_keeps_the_presets_value_and_a_given_one_wins():
+    from fssl.config import run_config_defaults
+
+    d = run_config_defaults()
+    miniature = compose_from_run_config(d | {"experiment": "miniature"})
+    assert miniature["num_rounds"] == 80
+    assert compose_from_run_config(d | {"experiment": "miniature",
+                                        "num-server-rounds": 3})["num_rounds"] == 3
+    fixmatch = compose_from_run_config(d | {"method": "fixmatch"})
+    assert fixmatch["dpl"] is False and fixmatch["dma"]["enabled"] is False
+    assert compose_from_run_config(d | {"method": "fixmatch", "dpl": True})["dpl"] is True
+    with pytest.raises(ConfigError, match="unknown run-config key.*'num-rounds'"):
+        compose_from_run_config(d | {"num-rounds": 3})
+
+
 def test_run_config_keys_map_to_hydra():
     rc = {"method": "fixmatch", "dpl": True, "dma": "", "dataset": "", "num-server-rounds": 5,
           "seed": 1, "output-dir": "runs/try1", "overrides": "train.lr=0.05 dma.steps=50"}
@@ -56,7 +88,7 @@ def test_paper_presets(name):
     ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
     ({"overrides": "eval.threads=0"}, "`eval.threads`: 0; allowed: auto, or an integer >= 1"),
     ({"overrides": "eval.every=0"}, "`eval.every`: 0; allowed: an integer >= 1"),
-    ({"num-server-rounds": 0}, "`num_rounds`: 0"),
+    ({"num-server-rounds": -1}, "`num_rounds`: -1"),
     ({"overrides": "fl.always_sample=[25]"}, "`fl.always_sample`: [25]; allowed: a list of "
                                              "partition ids in [0, fl.num_clients), e.g. [0]"),
     ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),

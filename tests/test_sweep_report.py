@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from server_app.config import compose
-from server_app import report
+from feddb import report
 
 PROJECT = Path(__file__).resolve().parents[1]
 
