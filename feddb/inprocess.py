@@ -107,11 +107,12 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
                    overlap: bool = False) -> None:
     """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
     from client_app.app import app as client_app
-    from server_app.config import resolve
+    from fssl.config import run_config_defaults
     from server_app.app import app as server_app
+    from server_app.config import resolve
 
     set_task_identity()
-    rc = {k: "" for k in RUN_CONFIG_KEYS} | run_config
+    rc = run_config_defaults() | run_config         # what Flower's runtime passes: all keys
     if num_nodes is None:
         num_nodes = resolve(rc)[0]["fl"]["num_clients"]
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
