@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -306,63 +305,14 @@ class WeightedAverage(FedAvg):
 
     def defend(self, client_arrays: list[dict[str, np.ndarray]],
                weights: np.ndarray) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
-        """The norm bound and Krum selection of `server.robust` (strategy/robust.py); what they
-        did goes to metrics.jsonl as `robust`."""
+        """`server.robust`'s defences and selection (strategy/robust.py: defend); what they did
+        goes to metrics.jsonl as `robust`."""
         assert self.global_arrays is not None
-        rb = self.cfg["server"]["robust"]
-        diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
-        if rb["clip"] is not None and len(client_arrays) > 1:
-            client_arrays, info = robust.clip_updates(self.global_arrays, client_arrays,
-                                                      rb["clip"], self.setup.workers)
-            diag.update(info)
-            if info["clipped"]:
-                log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
-                    "norm)", self.round_record.round, len(info["clipped"]),
-                    info["norm_bound"], rb["clip"])
-        keep = list(range(len(client_arrays)))
-        cos = None
-        if rb["min_cosine"] is not None and len(client_arrays) > 2:
-            cos = robust.median_agreement(self.global_arrays, client_arrays, self.setup.workers)
-            keep = robust.agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
-            diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
-                                                       if i not in keep])
-            if diag["dropped"]:
-                log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
-                    "median of the others below %s and the round's median cosine minus %s",
-                    self.round_record.round, diag["dropped"], rb["min_cosine"],
-                    rb["min_cosine_margin"])
-        if rb["loss_check"] is not None and self.setup.audit is not None and len(keep) > 2:
-            tested = None                  # the least agreeing of those kept, or all
-            if rb.get("loss_check_candidates") is not None:
-                if cos is None:
-                    cos = robust.median_agreement(self.global_arrays, client_arrays, self.setup.workers)
-                    diag["cosines"] = cos.tolist()
-                order = np.argsort(cos[keep], kind="stable")
-                tested = order[:rb["loss_check_candidates"]].tolist()
-            tol = self.loss_tolerance(self.round_record.round)
-            t0 = time.perf_counter()
-            sub, info = robust.loss_check(self.global_arrays, [client_arrays[i] for i in keep],
-                                          np.asarray(weights, dtype=np.float64)[keep],
-                                          self.setup.audit, tol, tested,
-                                          self.setup.audit_workers)
-            self.round_record.loss_check_seconds = time.perf_counter() - t0
-            info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
-            diag.update(info, loss_tolerance=tol)
-            if info["loss_dropped"]:
-                log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
-                    "validation loss is lower by more than %.3g of it",
-                    self.round_record.round, info["loss_dropped"], tol)
-            keep = [keep[i] for i in sub]
-        if rb["rule"] in ("krum", "multikrum"):
-            f = rb["num_malicious"]
-            k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)
-            keep = [keep[i] for i in robust.krum_select([client_arrays[i] for i in keep], f, k)]
-        if len(keep) < len(client_arrays):
-            weights = robust.renormalise(np.asarray(weights, dtype=np.float64)[keep],
-                                         float(np.sum(weights)))
-            client_arrays = [client_arrays[i] for i in keep]
-            diag["selected"] = keep
-        self.round_record.robust = diag
+        rec, rb = self.round_record, self.cfg["server"]["robust"]
+        tolerance = self.loss_tolerance(rec.round) if rb["loss_check"] is not None else None
+        client_arrays, weights, rec.robust, rec.loss_check_seconds = robust.defend(
+            self.global_arrays, client_arrays, weights, rb, rec.round, tolerance,
+            self.setup.workers, self.setup.audit, self.setup.audit_workers)
         return client_arrays, weights
 
     def server_update(self, client_arrays: list[dict[str, np.ndarray]],

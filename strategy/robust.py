@@ -27,13 +27,16 @@ selection live inside strategy methods, so the few lines are written here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
+from flwr.common.logger import log
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import compute_distances
 
@@ -271,3 +274,67 @@ def combine(stack: np.ndarray, weights: np.ndarray, rule: str, trim: float) -> n
     if rule == "trimmed_mean":
         return trim_mean(stack, trim)
     return np.tensordot(weights, stack, axes=1)
+
+
+def defend(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
+           weights: np.ndarray, rb: dict[str, Any], server_round: int, tolerance: float | None,
+           workers: int = 1, audit: Callable[[dict[str, np.ndarray]], float] | None = None,
+           audit_workers: int = 1,
+           ) -> tuple[list[dict[str, np.ndarray]], np.ndarray, dict[str, Any], float]:
+    """`server.robust` (`rb`) on one round's updates, in the order they act: the norm bound, the
+    agreement filter, the loss check (`audit`: a candidate's validation loss; `tolerance`: the
+    round's fraction) and Krum's selection. Returns the kept updates, their weights (what the
+    dropped ones had goes back to the others), what each defence did, and the loss check's
+    seconds."""
+    diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
+    if rb["clip"] is not None and len(client_arrays) > 1:
+        client_arrays, info = clip_updates(global_arrays, client_arrays, rb["clip"], workers)
+        diag.update(info)
+        if info["clipped"]:
+            log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
+                "norm)", server_round, len(info["clipped"]),
+                info["norm_bound"], rb["clip"])
+    keep = list(range(len(client_arrays)))
+    cos = None
+    if rb["min_cosine"] is not None and len(client_arrays) > 2:
+        cos = median_agreement(global_arrays, client_arrays, workers)
+        keep = agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
+        diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
+                                                   if i not in keep])
+        if diag["dropped"]:
+            log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
+                "median of the others below %s and the round's median cosine minus %s",
+                server_round, diag["dropped"], rb["min_cosine"],
+                rb["min_cosine_margin"])
+    loss_check_seconds = 0.0
+    if rb["loss_check"] is not None and audit is not None and len(keep) > 2:
+        tested = None                  # the least agreeing of those kept, or all
+        if rb.get("loss_check_candidates") is not None:
+            if cos is None:
+                cos = median_agreement(global_arrays, client_arrays, workers)
+                diag["cosines"] = cos.tolist()
+            order = np.argsort(cos[keep], kind="stable")
+            tested = order[:rb["loss_check_candidates"]].tolist()
+        tol = tolerance
+        t0 = time.perf_counter()
+        sub, info = loss_check(global_arrays, [client_arrays[i] for i in keep],
+                               np.asarray(weights, dtype=np.float64)[keep], audit, tol, tested,
+                               audit_workers)
+        loss_check_seconds = time.perf_counter() - t0
+        info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
+        diag.update(info, loss_tolerance=tol)
+        if info["loss_dropped"]:
+            log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
+                "validation loss is lower by more than %.3g of it",
+                server_round, info["loss_dropped"], tol)
+        keep = [keep[i] for i in sub]
+    if rb["rule"] in ("krum", "multikrum"):
+        f = rb["num_malicious"]
+        k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)
+        keep = [keep[i] for i in krum_select([client_arrays[i] for i in keep], f, k)]
+    if len(keep) < len(client_arrays):
+        weights = renormalise(np.asarray(weights, dtype=np.float64)[keep], float(np.sum(weights)))
+        client_arrays = [client_arrays[i] for i in keep]
+        diag["selected"] = keep
+    return client_arrays, weights, diag, loss_check_seconds
+
