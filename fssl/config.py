@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,187 +145,262 @@ def _check_group_choices(overrides: list[str]) -> None:
                 )
 
 
-def require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"invalid value for `{key}`: {value!r}; allowed: {allowed}")
+# Declarative checks: each key's rule is stated once, as a call such as
+# `number(cfg, "train.tau", low=0, high=1, open_low=True)`, which looks the value up by its dotted
+# path and, when the value breaks the rule, raises a message that words the same rule:
+#     invalid value for `train.tau`: 1.5; allowed: a number with 0 < tau <= 1
+# A call may name several paths that share the rule; it returns the value (a tuple for several).
+# Besides the rule, every helper takes
+#     default   the value of a key absent from runs saved before it existed (without a default,
+#               an absent key is a KeyError: not a complete configuration)
+#     nullable  null is allowed too (a string says what null means, e.g. "all")
+#     also      values allowed besides the rule's, e.g. ("auto",)
+#     note      words that follow the rule's description, e.g. "(1: evaluate every round)"
+
+_REQUIRED = object()
+
+# Keys that are gone -> why, and what to do with a saved run that has one.
+REMOVED = {
+    "server.robust.loss_check_scope":
+        "server.robust.scope (deployment, always) now places every defence. A run saved with it "
+        "ran the norm bound and the agreement filter in simulations too; resume it with the code "
+        "it was made with (its provenance.json, or commit cd84422), or start it anew",
+}
 
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _word(value: Any) -> str:
+    """A value as a configuration's YAML writes it: true, false, null, strings bare."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """An interval; None leaves that side unbounded."""
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        return ((self.low is None or (x > self.low if self.open_low else x >= self.low))
+                and (self.high is None or (x < self.high if self.open_high else x <= self.high)))
+
+    def words(self, name: str) -> str:
+        """'>= 1', '> 0', or on both sides 'with 0 < tau <= 1' (`name`: what is bounded)."""
+        below, above = "<" if self.open_low else "<=", "<" if self.open_high else "<="
+        if self.low is not None and self.high is not None:
+            return f"with {self.low} {below} {name} {above} {self.high}"
+        if self.low is not None:
+            return f"{'>' if self.open_low else '>='} {self.low}"
+        return "" if self.high is None else f"{above} {self.high}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a value may be: `accepts` decides it and `describe` words it."""
+    kind: str                         # integer, number, boolean, choice, path, mapping, list
+    bounds: Bounds = Bounds()         # integer, number
+    options: tuple = ()               # choice
+    item: Rule | None = None          # list: the rule of each element (an integer or a number)
+    nonempty: bool = False            # list
+
+    def accepts(self, v: Any) -> bool:
+        if self.kind == "integer":                       # a bool is not an integer here
+            return isinstance(v, int) and not isinstance(v, bool) and v in self.bounds
+        if self.kind == "number":
+            return is_number(v) and v in self.bounds
+        if self.kind == "list":
+            return (isinstance(v, list) and bool(v or not self.nonempty)
+                    and all(self.item.accepts(x) for x in v))
+        if self.kind == "choice":
+            return v in self.options
+        return isinstance(v, {"boolean": bool, "path": str, "mapping": dict}[self.kind])
+
+    def describe(self, name: str) -> str:
+        """The rule in words; `name` (the key's last part) stands for the value in an interval."""
+        if self.kind in ("integer", "number"):
+            article = "an" if self.kind == "integer" else "a"
+            return f"{article} {self.kind} {self.bounds.words(name)}".rstrip()
+        if self.kind == "list":
+            bounds = self.item.bounds.words("x")
+            items = f"{self.item.kind}s x" if bounds.startswith("with") else f"{self.item.kind}s"
+            return f"a {'non-empty ' * self.nonempty}list of {items} {bounds}".rstrip()
+        if self.kind == "choice":
+            return ", ".join(map(_word, self.options))
+        words = {"boolean": "true or false", "path": "a path string", "mapping": "a mapping"}
+        return words[self.kind]
+
+
+def check(cfg: dict[str, Any], path: str, rule: Rule, *, default: Any = _REQUIRED,
+          nullable: bool | str = False, also: tuple = (), note: str = "") -> Any:
+    """The value at the dotted `path` of cfg, checked against `rule` (the keywords: see above)."""
+    parent, key = _lookup(cfg, path)
+    value = parent[key] if default is _REQUIRED else parent.get(key, default)
+    if rule.accepts(value) or (nullable and value is None) or value in also:
+        return value
+    allowed = " ".join(filter(None, (rule.describe(key), note)))
+    if also:
+        allowed = ", ".join(map(_word, also)) + ", or " + allowed
+    if nullable:
+        allowed += ", or null" + (f" ({nullable})" if isinstance(nullable, str) else "")
+    raise ConfigError(f"invalid value for `{path}`: {value!r}; allowed: {allowed}")
+
+
+def _each(cfg: dict[str, Any], paths: tuple[str, ...], rule: Rule, how: dict[str, Any]) -> Any:
+    values = tuple(check(cfg, path, rule, **how) for path in paths)
+    return values[0] if len(values) == 1 else values
+
+
+def integer(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
+            open_low: bool = False, open_high: bool = False, **how: Any) -> Any:
+    return _each(cfg, paths, Rule("integer", Bounds(low, high, open_low, open_high)), how)
+
+
+def number(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
+           open_low: bool = False, open_high: bool = False, **how: Any) -> Any:
+    return _each(cfg, paths, Rule("number", Bounds(low, high, open_low, open_high)), how)
+
+
+def integers(cfg: dict[str, Any], *paths: str, low: float | None = None,
+             high: float | None = None, open_low: bool = False, open_high: bool = False,
+             nonempty: bool = False, **how: Any) -> Any:
+    """A list of integers, each within the bounds."""
+    item = Rule("integer", Bounds(low, high, open_low, open_high))
+    return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
+
+
+def numbers(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
+            open_low: bool = False, open_high: bool = False, nonempty: bool = False,
+            **how: Any) -> Any:
+    """A list of numbers, each within the bounds."""
+    item = Rule("number", Bounds(low, high, open_low, open_high))
+    return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
+
+
+def choice(cfg: dict[str, Any], path: str, options: Iterable[Any], **how: Any) -> Any:
+    return check(cfg, path, Rule("choice", options=tuple(options)), **how)
+
+
+def boolean(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
+    return _each(cfg, paths, Rule("boolean"), how)
+
+
+def path_string(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
+    return _each(cfg, paths, Rule("path"), how)
+
+
+def mapping(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
+    return _each(cfg, paths, Rule("mapping"), how)
+
+
+def refuse_removed(cfg: dict[str, Any]) -> None:
+    """A key of REMOVED in cfg (a run saved before it went) stops the run with its reason."""
+    for path, why in REMOVED.items():
+        parent, key = _lookup(cfg, path)
+        if key in parent:
+            raise ConfigError(f"{path} is gone: {why}")
+
+
 def validate(cfg: dict[str, Any]) -> None:
-    """Check types and ranges of the resolved configuration before anything runs."""
-    fl, tr, dma, server = cfg["fl"], cfg["train"], cfg["dma"], cfg["server"]
-    part, model, data = cfg["partition"], cfg["model"], cfg["dataset"]
-    require(isinstance(cfg["seed"], int) and not isinstance(cfg["seed"], bool), "seed",
-             cfg["seed"], "an integer")
-    require(isinstance(cfg["num_rounds"], int) and cfg["num_rounds"] >= 1, "num_rounds",
-             cfg["num_rounds"], "an integer >= 1")
-    require(isinstance(cfg["dpl"], bool), "dpl", cfg["dpl"], "true or false")
-    require(isinstance(dma["enabled"], bool), "dma.enabled", dma["enabled"], "true or false")
-    require(cfg["device"] in ("auto", "cpu", "cuda"), "device", cfg["device"], "auto, cpu, cuda")
-    require(isinstance(fl["num_clients"], int) and fl["num_clients"] >= 1, "fl.num_clients",
-             fl["num_clients"], "an integer >= 1")
-    require(is_number(fl["fraction_train"]) and 0 < fl["fraction_train"] <= 1,
-             "fl.fraction_train", fl["fraction_train"], "a number in (0, 1]")
-    require(is_number(fl["fraction_evaluate"]) and 0 <= fl["fraction_evaluate"] <= 1,
-             "fl.fraction_evaluate", fl["fraction_evaluate"], "a number in [0, 1]")
-    fixed = fl.get("always_sample", [])        # absent from runs saved before it existed
-    require(isinstance(fixed, list) and all(
-        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < fl["num_clients"]
-        for p in fixed), "fl.always_sample", fixed,
-        "a list of partition ids in [0, fl.num_clients), e.g. [0]")
-    for key in ("round_timeout", "node_wait"):
-        require(is_number(fl[key]) and fl[key] >= 0, f"fl.{key}", fl[key], "a number >= 0")
-    require(isinstance(fl["min_train_clients"], int) and fl["min_train_clients"] >= 1,
-             "fl.min_train_clients", fl["min_train_clients"], "an integer >= 1")
-    require(is_number(tr["tau"]) and 0 < tr["tau"] <= 1, "train.tau", tr["tau"],
-             "a number with 0 < tau <= 1")
-    require(tr["mode"] in ("fullbatch", "minibatch"), "train.mode", tr["mode"],
-             "fullbatch, minibatch")
-    require(tr["lr_schedule"] in ("cosine", "constant"), "train.lr_schedule",
-             tr["lr_schedule"], "cosine, constant")
-    require(tr["precision"] in ("auto", "fp32", "bf16"), "train.precision", tr["precision"],
-             "auto, fp32, bf16")
-    require(tr["channels_last"] in ("auto", True, False), "train.channels_last",
-             tr["channels_last"], "auto, true, false")
-    require(isinstance(tr["compile"], bool), "train.compile", tr["compile"], "true or false")
-    require(tr["optimizer_state"] in ("fresh", "client"), "train.optimizer_state",
-             tr["optimizer_state"], "fresh, client")
-    require(tr["unlabeled_loss_norm"] in ("all", "confident"), "train.unlabeled_loss_norm",
-             tr["unlabeled_loss_norm"], "all, confident")
-    for key in ("lr", "weight_decay", "lambda_u", "grad_clip", "momentum"):
-        require(is_number(tr[key]) and tr[key] >= 0, f"train.{key}", tr[key], "a number >= 0")
-    for key in ("local_steps", "warmup_rounds", "local_epochs"):    # local_epochs 0: no steps
-        require(isinstance(tr[key], int) and tr[key] >= 0, f"train.{key}", tr[key],
-                 "an integer >= 0")
-    for key in ("batch_size", "mu", "infer_batch_size"):
-        require(isinstance(tr[key], int) and tr[key] >= 1, f"train.{key}", tr[key],
-                 "an integer >= 1")
-    require(is_number(cfg["app_u"]["gamma"]) and 0 <= cfg["app_u"]["gamma"] < 1, "app_u.gamma",
-             cfg["app_u"]["gamma"], "a number in [0, 1)")
-    require(cfg["app_u"].get("estimate", "local") in ("local", "literal"), "app_u.estimate",
-             cfg["app_u"].get("estimate"), "local, literal")
-    require(dma["mode"] in ("softmax", "literal", "exact"), "dma.mode", dma["mode"],
-             "softmax, literal, exact")
-    require(dma["optimizer"] in ("sgd", "adam"), "dma.optimizer", dma["optimizer"], "sgd, adam")
-    require(isinstance(dma["steps"], int) and dma["steps"] >= 0, "dma.steps", dma["steps"],
-             "an integer >= 0")
-    require(is_number(dma["lr"]) and dma["lr"] > 0, "dma.lr", dma["lr"], "a number > 0")
-    require(dma["cap"] is None or (is_number(dma["cap"]) and dma["cap"] >= 1), "dma.cap",
-             dma["cap"], "a number >= 1 (each weight <= cap/m), or null for unbounded DMA")
-    require(is_number(server["lr"]) and server["lr"] > 0, "server.lr", server["lr"], "a number > 0")
-    require(is_number(server["momentum"]) and 0 <= server["momentum"] < 1, "server.momentum",
-             server["momentum"], "a number in [0, 1)")
-    require(server["weighting"] in ("uniform", "samples"), "server.weighting",
-             server["weighting"], "uniform, samples")
-    dp = cfg["dp"]
-    require(dp["mode"] in ("off", "fixed", "adaptive"), "dp.mode", dp["mode"],
-             "off, fixed, adaptive")
-    require(is_number(dp["noise_multiplier"]) and dp["noise_multiplier"] >= 0,
-             "dp.noise_multiplier", dp["noise_multiplier"], "a number >= 0")
-    require(is_number(dp["clipping_norm"]) and dp["clipping_norm"] > 0, "dp.clipping_norm",
-             dp["clipping_norm"], "a number > 0")
-    require(is_number(dp["target_quantile"]) and 0 < dp["target_quantile"] < 1,
-             "dp.target_quantile", dp["target_quantile"], "a number in (0, 1)")
-    require(dp["mode"] == "off" or server["momentum"] == 0, "server.momentum",
-             server["momentum"], "0 with dp.mode on (noise is added after the server update; a "
-             "momentum buffer would carry un-noised updates into later rounds)")
-    rb = server["robust"]
-    require(rb["clip"] is None or (is_number(rb["clip"]) and rb["clip"] >= 1), "server.robust.clip",
-             rb["clip"], "a number >= 1 (x the median update norm), or null")
-    require(is_number(rb["trim"]) and 0 <= rb["trim"] < 0.5, "server.robust.trim", rb["trim"],
-             "a number in [0, 0.5)")
-    require(isinstance(rb["num_malicious"], int) and rb["num_malicious"] >= 0,
-             "server.robust.num_malicious", rb["num_malicious"], "an integer >= 0")
-    require(rb["num_selected"] is None or (isinstance(rb["num_selected"], int)
-                                            and rb["num_selected"] >= 1),
-             "server.robust.num_selected", rb["num_selected"], "an integer >= 1, or null")
-    require(rb["min_cosine"] is None or (is_number(rb["min_cosine"])
-                                          and -1 <= rb["min_cosine"] <= 1),
-             "server.robust.min_cosine", rb["min_cosine"], "a number in [-1, 1], or null")
-    require(rb["min_cosine_margin"] is None or (is_number(rb["min_cosine_margin"])
-                                                 and 0 <= rb["min_cosine_margin"] <= 2),
-             "server.robust.min_cosine_margin", rb["min_cosine_margin"],
-             "a number in [0, 2], or null")
-    require(rb["loss_check"] is None or (is_number(rb["loss_check"]) and rb["loss_check"] >= 0),
-             "server.robust.loss_check", rb["loss_check"], "a number >= 0, or null")
-    require(rb.get("scope", "deployment") in ("deployment", "always"), "server.robust.scope",
-             rb.get("scope"), "deployment, always")
-    if "loss_check_scope" in rb:
-        raise ConfigError(
-            "server.robust.loss_check_scope is gone: server.robust.scope (deployment, always) now "
-            "places every defence. A run saved with it ran the norm bound and the agreement filter "
-            "in simulations too; resume it with the code it was made with (its provenance.json, "
-            "or commit cd84422), or start it anew")
-    require(rb.get("loss_check_scale", "lr") in ("lr", "none"), "server.robust.loss_check_scale",
-             rb.get("loss_check_scale"), "lr, none")
-    cands = rb.get("loss_check_candidates")
-    require(cands is None or (isinstance(cands, int) and not isinstance(cands, bool)
-                               and cands >= 1),
-             "server.robust.loss_check_candidates", cands, "an integer >= 1, or null (all)")
-    require(isinstance(rb["loss_check_size"], int) and rb["loss_check_size"] >= 1,
-             "server.robust.loss_check_size", rb["loss_check_size"], "an integer >= 1")
-    require(server["sizes"] in ("partition", "reported"), "server.sizes", server["sizes"],
-             "partition, reported")
-    require(server["max_samples"] is None or (isinstance(server["max_samples"], int)
-                                               and server["max_samples"] >= 1),
-             "server.max_samples", server["max_samples"], "an integer >= 1, or null")
-    require(part["mode"] in ("iid", "dirichlet"), "partition.mode", part["mode"],
-             "iid, dirichlet")
-    if part["mode"] == "dirichlet":
-        require(is_number(part["delta"]) and part["delta"] > 0, "partition.delta",
-                 part["delta"], "a number > 0 (the Dirichlet concentration delta)")
-    ratio = part.get("imbalance_ratio")
-    require(ratio is None or (is_number(ratio) and ratio >= 1), "partition.imbalance_ratio", ratio,
-             "a number >= 1 (largest over smallest class of the unlabeled pool), or null")
-    require(isinstance(part["min_size"], int) and part["min_size"] >= 1, "partition.min_size",
-             part["min_size"], "an integer >= 1")
-    require(model["norm"] in ("batchstat", "bn", "gn"), "model.norm", model["norm"],
-             "batchstat, bn, gn")
-    for key in ("nesterov",):
-        require(isinstance(tr[key], bool), f"train.{key}", tr[key], "true or false")
-    for key in ("flip", "download"):
-        require(isinstance(data[key], bool), f"dataset.{key}", data[key], "true or false")
-    require(isinstance(data["path"], str), "dataset.path", data["path"], "a path string")
-    require(isinstance(cfg["output_dir"], str), "output_dir", cfg["output_dir"], "a path string")
-    for key in ("mean", "std"):
-        v = data[key]
-        require(v is None or (isinstance(v, list) and v and all(is_number(x) for x in v)
-                               and (key == "mean" or all(x > 0 for x in v))),
-                 f"dataset.{key}", v, "null or a list of numbers per channel (std > 0)")
+    """Check types and ranges of the resolved configuration before anything runs (see above)."""
+    refuse_removed(cfg)
+    integer(cfg, "seed")
+    integer(cfg, "num_rounds", low=1)
+    boolean(cfg, "dpl", "dma.enabled")        # the method's two switches
+    choice(cfg, "device", ("auto", "cpu", "cuda"))
+    path_string(cfg, "output_dir")
+
+    clients = integer(cfg, "fl.num_clients", low=1)
+    number(cfg, "fl.fraction_train", low=0, high=1, open_low=True)
+    number(cfg, "fl.fraction_evaluate", low=0, high=1)
+    integers(cfg, "fl.always_sample", low=0, high=clients, open_high=True, default=[],
+             note=f"(partition ids, e.g. [0]; {clients} = fl.num_clients)")
+    number(cfg, "fl.round_timeout", "fl.node_wait", low=0)
+    integer(cfg, "fl.min_train_clients", low=1)
+
+    choice(cfg, "train.mode", ("fullbatch", "minibatch"))
+    choice(cfg, "train.lr_schedule", ("cosine", "constant"))
+    choice(cfg, "train.precision", ("auto", "fp32", "bf16"))
+    choice(cfg, "train.channels_last", ("auto", True, False))
+    choice(cfg, "train.optimizer_state", ("fresh", "client"))
+    choice(cfg, "train.unlabeled_loss_norm", ("all", "confident"))
+    boolean(cfg, "train.compile", "train.nesterov")
+    number(cfg, "train.tau", low=0, high=1, open_low=True)
+    number(cfg, "train.lr", "train.weight_decay", "train.lambda_u", "train.grad_clip",
+           "train.momentum", low=0)
+    integer(cfg, "train.local_steps", "train.warmup_rounds", "train.local_epochs", low=0)
+    integer(cfg, "train.batch_size", "train.mu", "train.infer_batch_size", low=1)
+
+    number(cfg, "app_u.gamma", low=0, high=1, open_high=True)
+    choice(cfg, "app_u.estimate", ("local", "literal"), default="local")
+    number(cfg, "app_u.eps", low=0, open_low=True)
+
+    choice(cfg, "dma.mode", ("softmax", "literal", "exact"))
+    choice(cfg, "dma.optimizer", ("sgd", "adam"))
+    integer(cfg, "dma.steps", low=0)
+    number(cfg, "dma.lr", low=0, open_low=True)
+    number(cfg, "dma.cap", low=1, note="(each weight <= cap/m)", nullable="unbounded DMA")
+
+    number(cfg, "server.lr", low=0, open_low=True)
+    number(cfg, "server.momentum", low=0, high=1, open_high=True)
+    choice(cfg, "server.weighting", ("uniform", "samples"))
+    choice(cfg, "server.sizes", ("partition", "reported"))
+    integer(cfg, "server.max_samples", "server.robust.num_selected", low=1, nullable=True)
+
+    choice(cfg, "server.robust.scope", ("deployment", "always"), default="deployment")
+    number(cfg, "server.robust.clip", low=1, note="(x the median update norm)", nullable=True)
+    number(cfg, "server.robust.trim", low=0, high=0.5, open_high=True)
+    integer(cfg, "server.robust.num_malicious", low=0)
+    number(cfg, "server.robust.min_cosine", low=-1, high=1, nullable=True)
+    number(cfg, "server.robust.min_cosine_margin", low=0, high=2, nullable=True)
+    number(cfg, "server.robust.loss_check", low=0, nullable=True)
+    choice(cfg, "server.robust.loss_check_scale", ("lr", "none"), default="lr")
+    integer(cfg, "server.robust.loss_check_candidates", low=1, default=None, nullable="all")
+    integer(cfg, "server.robust.loss_check_size", low=1)
+
+    if choice(cfg, "dp.mode", ("off", "fixed", "adaptive")) != "off":
+        choice(cfg, "server.momentum", (0,), note="with dp.mode on (noise is added after the "
+               "server update; a momentum buffer would carry un-noised updates into later rounds)")
+    number(cfg, "dp.noise_multiplier", low=0)
+    number(cfg, "dp.clipping_norm", low=0, open_low=True)
+    number(cfg, "dp.target_quantile", low=0, high=1, open_low=True, open_high=True)
+
+    if choice(cfg, "partition.mode", ("iid", "dirichlet")) == "dirichlet":
+        number(cfg, "partition.delta", low=0, open_low=True,
+               note="(the Dirichlet concentration delta)")
+    number(cfg, "partition.imbalance_ratio", low=1, default=None, nullable=True,
+           note="(largest over smallest class of the unlabeled pool)")
+    integer(cfg, "partition.min_size", low=1)
+
+    choice(cfg, "model.name", ("cnn", "wrn28_2"))
+    choice(cfg, "model.norm", ("batchstat", "bn", "gn"))
+    integer(cfg, "model.width", "model.gn_groups", low=1)
+    integer(cfg, "model.hidden", low=0, default=0)
+    number(cfg, "model.bn_momentum", low=0, high=1, open_low=True)
+
+    path_string(cfg, "dataset.path")
+    boolean(cfg, "dataset.flip", "dataset.download")
+    numbers(cfg, "dataset.mean", nonempty=True, note="(one per channel)", nullable=True)
+    numbers(cfg, "dataset.std", low=0, open_low=True, nonempty=True, note="(one per channel)",
+            nullable=True)
+    integer(cfg, "dataset.num_labeled", low=1)
+    integer(cfg, "dataset.val_size", "dataset.val_seed", low=0, default=0)
+
     from .methods import check_method      # the registry imports this module's checks
 
     check_method(cfg["method"])
-    require(model["name"] in ("cnn", "wrn28_2"), "model.name", model["name"], "cnn, wrn28_2")
-    for key in ("width", "gn_groups"):
-        require(isinstance(model[key], int) and model[key] >= 1, f"model.{key}", model[key],
-                 "an integer >= 1")
-    require(isinstance(model.get("hidden", 0), int) and model.get("hidden", 0) >= 0,
-             "model.hidden", model.get("hidden"), "an integer >= 0")
-    require(is_number(model["bn_momentum"]) and 0 < model["bn_momentum"] <= 1,
-             "model.bn_momentum", model["bn_momentum"], "a number in (0, 1]")
-    require(is_number(cfg["app_u"]["eps"]) and cfg["app_u"]["eps"] > 0, "app_u.eps",
-             cfg["app_u"]["eps"], "a number > 0")
-    for key in ("val_size", "val_seed"):
-        require(isinstance(data.get(key, 0), int) and data.get(key, 0) >= 0, f"dataset.{key}",
-                 data.get(key), "an integer >= 0")
-    require(isinstance(data["num_labeled"], int) and data["num_labeled"] >= 1,
-             "dataset.num_labeled", data["num_labeled"], "an integer >= 1")
-    require(isinstance(cfg["logging"]["tensorboard"], bool), "logging.tensorboard",
-             cfg["logging"]["tensorboard"], "true or false")
-    require(isinstance(cfg["checkpoint"]["every"], int) and cfg["checkpoint"]["every"] >= 0,
-             "checkpoint.every", cfg["checkpoint"]["every"], "an integer >= 0")
-    every = cfg["eval"].get("every", 1)
-    require(isinstance(every, int) and not isinstance(every, bool) and every >= 1,
-             "eval.every", every, "an integer >= 1 (1: evaluate every round)")
-    require(isinstance(cfg["eval"]["batch_size"], int) and cfg["eval"]["batch_size"] >= 1,
-             "eval.batch_size", cfg["eval"]["batch_size"], "an integer >= 1")
-    threads = cfg["eval"].get("threads", "auto")
-    require(threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool)
-                                   and threads >= 1),
-             "eval.threads", threads, "auto, or an integer >= 1")
+
+    boolean(cfg, "logging.tensorboard")
+    integer(cfg, "checkpoint.every", low=0)
+    integer(cfg, "eval.every", low=1, default=1, note="(1: evaluate every round)")
+    integer(cfg, "eval.batch_size", low=1)
+    integer(cfg, "eval.threads", low=1, default="auto", also=("auto",))
 
 
 # The defences server.robust.scope places, as (config path, what it is), in the order they act.

@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .config import is_number, require
+from .config import choice, integer, number
 
 if TYPE_CHECKING:
     import torch
@@ -21,24 +21,20 @@ def _no_parameters(m: dict[str, Any]) -> None:
     """Supervised and FixMatch training take their parameters from `train`, none from `method`."""
 
 
+# The checks name each key from the configuration's root ({"method": m}); a parameter absent from
+# `method` reads as null, which they refuse.
 def _check_semifl(m: dict[str, Any]) -> None:
-    require(is_number(m.get("mix_alpha")) and m["mix_alpha"] > 0, "method.mix_alpha",
-            m.get("mix_alpha"), "a number > 0")
+    number({"method": m}, "method.mix_alpha", low=0, open_low=True, default=None)
 
 
 def _check_fedmatch(m: dict[str, Any]) -> None:
-    for key in ("lambda_s", "lambda_a", "lambda_i", "lambda_l1", "lambda_l2", "l1_thres"):
-        require(is_number(m.get(key)) and m[key] >= 0, f"method.{key}", m.get(key),
-                "a number >= 0")
-    require(m.get("l2_reduction") in ("mean", "sum"), "method.l2_reduction",
-            m.get("l2_reduction"), "mean, sum")
-    require(is_number(m.get("psi_factor")) and m["psi_factor"] >= 0, "method.psi_factor",
-            m.get("psi_factor"), "a number >= 0")
-    for key in ("num_helpers", "helper_interval", "probe_size"):
-        low = 0 if key == "num_helpers" else 1
-        require(isinstance(m.get(key), int) and m[key] >= low, f"method.{key}", m.get(key),
-                f"an integer >= {low}")
-    require(m.get("view") in ("raw", "weak"), "method.view", m.get("view"), "raw, weak")
+    cfg = {"method": m}
+    number(cfg, "method.lambda_s", "method.lambda_a", "method.lambda_i", "method.lambda_l1",
+           "method.lambda_l2", "method.l1_thres", "method.psi_factor", low=0, default=None)
+    choice(cfg, "method.l2_reduction", ("mean", "sum"), default=None)
+    integer(cfg, "method.num_helpers", low=0, default=None)
+    integer(cfg, "method.helper_interval", "method.probe_size", low=1, default=None)
+    choice(cfg, "method.view", ("raw", "weak"), default=None)
 
 
 class Trainer(NamedTuple):
@@ -56,9 +52,8 @@ TRAINERS: dict[str, Trainer] = {
 
 def check_method(m: dict[str, Any]) -> None:
     """`method.trainer` is a registered trainer and the method's own parameters are valid."""
-    require(m.get("trainer") in TRAINERS, "method.trainer", m.get("trainer"), ", ".join(TRAINERS))
-    require(m.get("pseudo_labels", "round") in ("round", "online"), "method.pseudo_labels",
-            m.get("pseudo_labels"), "round, online")
+    choice({"method": m}, "method.trainer", TRAINERS, default=None)
+    choice({"method": m}, "method.pseudo_labels", ("round", "online"), default="round")
     TRAINERS[m["trainer"]].check(m)
 
 

@@ -3,7 +3,7 @@ FedDB with DMA weights), FedRGD's grouped averaging, and FedMatch's helper selec
 
 from typing import Any
 
-from fssl.config import clients_per_round, require
+from fssl.config import choice, clients_per_round
 
 from . import flower, robust
 from .base import RoundRecord, ServerSetup, WeightedAverage
@@ -18,17 +18,14 @@ def validate(cfg: dict[str, Any]) -> None:
     """The server's part of a configuration: the method's strategy and its parameters, the
     robust rule, and `strategy` (Flower's or a user's). fssl.config checks the rest."""
     m = cfg["method"]
-    require(m.get("strategy") in STRATEGIES, "method.strategy", m.get("strategy"),
-            ", ".join(STRATEGIES))
-    own = STRATEGIES[m["strategy"]]
-    needs = {c.trainer: name for name, c in STRATEGIES.items() if c.trainer}
-    if own.trainer is not None or m["trainer"] in needs:
-        require(own.trainer == m["trainer"], "method.strategy", m["strategy"],
-                f"{needs.get(m['trainer'], ', '.join(STRATEGIES))} with method.trainer="
-                f"{m['trainer']} (its model and replies belong together)")
-    own.check_params(m)
-    rule = cfg["server"]["robust"]["rule"]
-    require(rule in robust.RULES, "server.robust.rule", rule, ", ".join(robust.RULES))
+    name = choice(cfg, "method.strategy", STRATEGIES, default=None)
+    # A strategy made for one trainer takes that trainer only; the others take any but those.
+    made_for = {c.trainer for c in STRATEGIES.values()} - {None}
+    trainer = m["trainer"] if m["trainer"] in made_for else None
+    choice(cfg, "method.strategy", [n for n, c in STRATEGIES.items() if c.trainer == trainer],
+           note=f"with method.trainer={m['trainer']} (its model and replies belong together)")
+    STRATEGIES[name].check_params(m)
+    choice(cfg, "server.robust.rule", robust.RULES)
     flower.check_choice(cfg)
 
 

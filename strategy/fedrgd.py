@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fssl.config import require
+from fssl.config import integer
 
 from .base import WeightedAverage
 
@@ -24,8 +24,7 @@ from .base import WeightedAverage
 class FedRGD(WeightedAverage):
     @staticmethod
     def check_params(m: dict[str, Any]) -> None:
-        require(isinstance(m.get("groups"), int) and m["groups"] >= 1, "method.groups",
-                m.get("groups"), "an integer >= 1")
+        integer({"method": m}, "method.groups", low=1, default=None)
 
     def groups(self, server_round: int, n: int) -> list[np.ndarray]:
         """Random split of positions 0..n-1 into min(S, n) groups of near-equal size, seeded."""

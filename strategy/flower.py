@@ -30,7 +30,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fssl.config import ConfigError, require
+from fssl.config import ConfigError, choice, mapping
 
 from .base import ServerSetup, WeightedAverage
 from .contract import arrays_to_numpy
@@ -82,27 +82,24 @@ def load_class(target: str) -> type:
 def check_choice(cfg: dict[str, Any]) -> None:
     """`strategy`: the method's own, one of Flower's, or a user's class by import path, checked
     before anything runs (a user's class is imported)."""
-    s = cfg.get("strategy") or {"name": "method"}
-    name = s.get("name")
-    require(name in ("method", "custom", *FLOWER), "strategy.name", name,
-            ", ".join(("method", *FLOWER, "custom")))
+    scfg = {"strategy": cfg.get("strategy") or {"name": "method"}}
+    name = choice(scfg, "strategy.name", ("method", *FLOWER, "custom"), default=None)
     if name == "method":
         return
-    require(isinstance(s.get("params") or {}, dict), "strategy.params", s.get("params"),
-            "a mapping of the strategy's keyword arguments")
+    mapping(scfg, "strategy.params", default=None, nullable=True,
+            note="of the strategy's keyword arguments")
     own = cfg["method"]["strategy"]
     if own != "fedavg":
         raise ConfigError(f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
                           f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
                           f"); strategy={name} cannot replace it. Use strategy=method, or a "
                           "method that averages (fedavg, fixmatch, feddb, semifl)")
-    require(cfg["server"]["robust"]["rule"] == "mean", "server.robust.rule",
-            cfg["server"]["robust"]["rule"], f"mean with strategy={name} (the strategy "
-            "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
-            "for a robust rule)")
+    choice(cfg, "server.robust.rule", ("mean",), note=f"with strategy={name} (the strategy "
+           "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
+           "for a robust rule)")
     if name == "custom":
         try:
-            load_class(str(s.get("target") or ""))
+            load_class(str(scfg["strategy"].get("target") or ""))
         except StrategyError as err:
             raise ConfigError(str(err)) from err
 

@@ -1,5 +1,6 @@
 import pytest
 
+import fssl.config as rules
 from fssl.config import ConfigError, compose_from_run_config, group_options, run_config_to_overrides
 from server_app.config import compose, resolve
 
@@ -90,15 +91,21 @@ def test_paper_presets(name):
     ({"overrides": "eval.every=0"}, "`eval.every`: 0; allowed: an integer >= 1"),
     ({"num-server-rounds": -1}, "`num_rounds`: -1"),
     ({"overrides": "fl.always_sample=[25]"}, "`fl.always_sample`: [25]; allowed: a list of "
-                                             "partition ids in [0, fl.num_clients), e.g. [0]"),
+     "integers x with 0 <= x < 20 (partition ids, e.g. [0]; 20 = fl.num_clients)"),
     ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),
     ({"overrides": "train.nosuchkey=1"}, "invalid override"),
     ({"overrides": "train.local_epochs=2.5"}, "`train.local_epochs`: 2.5; allowed: an integer >= 0"),
     ({"overrides": "train.nesterov=maybe"}, "`train.nesterov`: 'maybe'; allowed: true or false"),
-    ({"overrides": "dataset.std=[0.3,-1]"}, "`dataset.std`"),
+    ({"overrides": "dataset.std=[0.3,-1]"}, "`dataset.std`: [0.3, -1]; allowed: a non-empty "
+                                            "list of numbers > 0 (one per channel), or null"),
     ({"overrides": "model.norm=ln"}, "`model.norm`: 'ln'; allowed: batchstat, bn, gn"),
     ({"overrides": "seed=abc"}, "`seed`: 'abc'; allowed: an integer"),
-    ({"overrides": "checkpoint.every=-1"}, "`checkpoint.every`: -1"),
+    ({"overrides": "checkpoint.every=-1"}, "`checkpoint.every`: -1; allowed: an integer >= 0"),
+    ({"overrides": "fl.num_clients=true"}, "`fl.num_clients`: True; allowed: an integer >= 1"),
+    ({"overrides": "dma.cap=0.5"}, "`dma.cap`: 0.5; allowed: a number >= 1 (each weight <= "
+                                   "cap/m), or null (unbounded DMA)"),
+    ({"overrides": "dp.mode=fixed server.momentum=0.5"},
+     "`server.momentum`: 0.5; allowed: 0 with dp.mode on (noise is added after the server update"),
     ({"method": "fedrgd", "overrides": "method.groups=0"},
      "`method.groups`: 0; allowed: an integer >= 1"),
     ({"method": "semifl", "overrides": "method.mix_alpha=-1"}, "`method.mix_alpha`: -1"),
@@ -111,9 +118,10 @@ def test_paper_presets(name):
     ({"overrides": "train.optimizer_state=disk"}, "`train.optimizer_state`: 'disk'"),
     ({"overrides": "logging.tensorboard=maybe"}, "`logging.tensorboard`: 'maybe'"),
     ({"overrides": "server.robust.min_cosine=2"}, "`server.robust.min_cosine`: 2; allowed: a "
-                                                  "number in [-1, 1], or null"),
+                                                  "number with -1 <= min_cosine <= 1, or null"),
     ({"overrides": "server.robust.min_cosine_margin=-0.1"},
-     "`server.robust.min_cosine_margin`: -0.1; allowed: a number in [0, 2], or null"),
+     "`server.robust.min_cosine_margin`: -0.1; allowed: a number with 0 <= min_cosine_margin "
+     "<= 2, or null"),
     ({"overrides": "server.robust.scope=never"},
      "`server.robust.scope`: 'never'; allowed: deployment, always"),
     ({"overrides": "+server.robust.loss_check_scope=always"},
@@ -127,6 +135,56 @@ def test_bad_values_are_named_with_what_is_allowed(rc, match):
     with pytest.raises(ConfigError, match=match.replace("(", "\\(").replace(")", "\\)")
                        .replace("[", "\\[").replace(".", "\\.").replace("*", "\\*")):
         resolve(rc)
+
+
+@pytest.mark.parametrize("rule,how,value,allowed", [
+    ("integer", {}, 1.0, "an integer"),
+    ("integer", {}, True, "an integer"),                              # a bool is not an integer
+    ("integer", {"low": 1}, 0, "an integer >= 1"),
+    ("integer", {"low": 0}, -1, "an integer >= 0"),
+    ("number", {}, float("nan"), "a number"),
+    ("number", {"low": 0, "open_low": True}, 0, "a number > 0"),
+    ("number", {"high": 1, "open_high": True}, 1, "a number < 1"),
+    ("number", {"low": 0, "high": 1, "open_low": True}, 0, "a number with 0 < key <= 1"),
+    ("number", {"low": 0, "high": 0.5, "open_high": True}, 0.5, "a number with 0 <= key < 0.5"),
+    ("number", {"low": -1, "high": 1}, 1.5, "a number with -1 <= key <= 1"),
+    ("number", {"low": 0, "high": 1, "open_low": True, "open_high": True}, 1,
+     "a number with 0 < key < 1"),
+    ("choice", {"options": ("fullbatch", "minibatch")}, "batch", "fullbatch, minibatch"),
+    ("choice", {"options": ("auto", True, False)}, "on", "auto, true, false"),
+    ("boolean", {}, "maybe", "true or false"),
+    ("boolean", {}, 1, "true or false"),
+    ("path_string", {}, 3, "a path string"),
+    ("mapping", {"nullable": True}, [1], "a mapping, or null"),
+    ("number", {"low": 1, "nullable": True}, 0, "a number >= 1, or null"),
+    ("integer", {"low": 1, "nullable": "all"}, 0, "an integer >= 1, or null (all)"),
+    ("number", {"low": 1, "note": "(x the median)", "nullable": True}, 0.5,
+     "a number >= 1 (x the median), or null"),
+    ("integer", {"low": 1, "also": ("auto",)}, "0", "auto, or an integer >= 1"),
+    ("integers", {"low": 0, "high": 4, "open_high": True}, [4],
+     "a list of integers x with 0 <= x < 4"),
+    ("numbers", {"low": 0, "open_low": True, "nonempty": True}, [],
+     "a non-empty list of numbers > 0"),
+])
+def test_each_rule_words_what_it_allows(rule, how, value, allowed):
+    with pytest.raises(ConfigError) as err:
+        getattr(rules, rule)({"a": {"key": value}}, "a.key", **how)
+    assert str(err.value) == f"invalid value for `a.key`: {value!r}; allowed: {allowed}"
+
+
+def test_a_rule_takes_what_it_says_and_reads_an_absent_key_as_its_default():
+    cfg = {"a": {"zero": 0, "one": 1, "none": None, "auto": "auto", "flag": False}}
+    assert rules.number(cfg, "a.zero", "a.one", low=0, high=1) == (0, 1)   # closed ends
+    assert rules.integer(cfg, "a.one", low=1) == 1
+    assert rules.number(cfg, "a.none", low=1, nullable=True) is None
+    assert rules.integer(cfg, "a.auto", low=1, also=("auto",)) == "auto"
+    assert rules.boolean(cfg, "a.flag") is False
+    assert rules.choice(cfg, "a.absent", ("lr", "none"), default="lr") == "lr"
+    assert rules.integers(cfg, "a.absent", low=0, default=[]) == []
+    with pytest.raises(KeyError):                                # no default: the key is required
+        rules.integer(cfg, "a.absent")
+    with pytest.raises(ConfigError, match="`a.absent`: None"):   # default None: absent reads null
+        rules.integer(cfg, "a.absent", low=1, default=None)
 
 
 def test_every_defence_is_in_scope_on_supernodes_and_off_in_simulations_by_default():

@@ -85,7 +85,7 @@ def test_custom_strategy_by_import_path(small_npz, tmp_path):
         return reply
 
     rc = _rc(tmp_path / "mine", "custom", "feddb",
-             " strategy.target=test_strategies:RecordingStrategy +strategy.params.tag=t1")
+             " strategy.target=test_flower_and_user_strategies:RecordingStrategy +strategy.params.tag=t1")
     run_in_process(rc | {"data-path": str(small_npz)}, 6, hook)
     assert [s["round"] for s in RecordingStrategy.seen] == [1, 2]
     assert all(s["tag"] == "t1" for s in RecordingStrategy.seen)
@@ -100,9 +100,9 @@ def test_custom_strategy_by_import_path(small_npz, tmp_path):
 
 @pytest.mark.parametrize("target,match", [
     ("nowhere.module:Cls", "cannot import module 'nowhere.module'"),
-    ("test_strategies:Missing", "has no 'Missing'"),
+    ("test_flower_and_user_strategies:Missing", "has no 'Missing'"),
     ("json:JSONDecoder", "not a subclass of flwr.serverapp.strategy.Strategy"),
-    ("test_strategies:Incomplete", "does not implement"),
+    ("test_flower_and_user_strategies:Incomplete", "does not implement"),
     ("", "not an import path")])
 def test_bad_custom_strategy_is_refused_before_the_run(target, match):
     with pytest.raises(ConfigError, match=match):
