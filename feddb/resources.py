@@ -119,15 +119,19 @@ class RayHead:
     run starts, its session yields (START_NICE): Flower's SuperLink, SuperExec and ServerApp start
     first (measured: round 1 sent 11.1 s after the SuperLink instead of 15.1 s). Once Ray has
     started a worker, start-up is over and the session gets an equal share again: its raylet relays
-    every reply, and kept at the lower share it added about 0.2 s to every round."""
+    every reply, and kept at the lower share it added about 0.2 s to every round. The yield lasts
+    at most START_YIELD_SECONDS: on a machine busy with other work the head, yielding to all of
+    it, came up too late for Flower's `ray.init` (measured: 3 of 3 runs failed at load 8)."""
 
     def __init__(self, proc: subprocess.Popen, address: str, temp: Path) -> None:
         self.proc, self.address, self.temp = proc, address, temp
         self.yielding = set_session_nice(proc.pid, START_NICE)
+        self.started = time.monotonic()
 
     def watch(self) -> str | None:
         """Polled by the launcher during the run: `failure()`, and the end of the start-up share."""
-        if self.yielding and workers_started(self.proc.pid):
+        late = time.monotonic() - self.started > START_YIELD_SECONDS
+        if self.yielding and (late or workers_started(self.proc.pid)):
             set_session_nice(self.proc.pid, 0)
             self.yielding = False
         return self.failure()
@@ -156,8 +160,12 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
         return
     temp = Path(tempfile.mkdtemp(prefix="feddb-ray-"))     # short: Ray's socket paths must fit
     port = free_port()
+    # not --dashboard-agent-grpc-port (Ray's metrics agent): left to Ray, which picks a free one
+    # itself (no fixed default to collide on), the GCS and the raylet learn from the agent that a
+    # Ray without its dashboard extra serves no metrics; told the port, they retried it for 30 s and
+    # each logged an error in the middle of the run
     ports = {f"--{k}": str(free_port()) for k in (
-        "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "dashboard-port", "dashboard-agent-listen-port",
         "metrics-export-port", "runtime-env-agent-port", "ray-client-server-port")}
     cmd = [exe, "start", "--head", "--block", "--port", str(port), "--node-ip-address",
            "127.0.0.1", "--include-dashboard", "false", "--disable-usage-stats", "--no-monitor",
@@ -182,6 +190,7 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
 
 
 START_NICE = 15       # the niceness Ray gives its workers; the head's session while the run starts
+START_YIELD_SECONDS = 15.0     # at most this long (an unloaded start sends round 1 within 11 s)
 RAY_SERVICES = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
 
 
