@@ -5,7 +5,7 @@ BIN      = $(VENV)/bin
 RUN_CONFIG ?=
 ARGS    ?=
 
-.PHONY: run test env clean-runs
+.PHONY: run test lint env clean-runs
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,6 +20,10 @@ run: env
 
 test: env
 	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
+
+lint: env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean-runs:
 	rm -rf runs .flwr-home

@@ -19,23 +19,23 @@ from client_app.attacks import apply_attack, attack_of
 from fssl.methods import make_trainer
 from fssl.profiling import process_start, profiled
 from fssl.runtime import client_data_for, keep_freed_memory, model_for
-from fssl.train import evaluate as evaluate_model
 from fssl.train import client_seed, resolve_device
+from fssl.train import evaluate as evaluate_model
 from strategy import contract
 from strategy.contract import arrays_to_torch
 
 app = ClientApp()
-IMPORTED_AT = time.time()            # for the start-up timeline (the query reply carries it)
-keep_freed_memory()                  # once per worker process: batches reuse freed memory
+IMPORTED_AT = time.time()  # for the start-up timeline (the query reply carries it)
+keep_freed_memory()  # once per worker process: batches reuse freed memory
 
 
 def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
-    meta = cfg["data_meta"]                      # filled in by the ServerApp from its dataset
+    meta = cfg["data_meta"]  # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
     model = model_for(cfg, device)
     model.load_state_dict(arrays_to_torch(msg.content["arrays"]))
-    own_file = context.node_config.get("data-path")    # deployment: this client's data only
+    own_file = context.node_config.get("data-path")  # deployment: this client's data only
     pid = partition_of(msg, context, bool(own_file))
     data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
     return cfg, pid, meta, data, model
@@ -51,8 +51,10 @@ def partition_of(msg: Message, context: Context, own_data: bool) -> int:
     if sent is None:
         return node_pid
     if own_data and int(sent) != node_pid:
-        raise ValueError(f"this node holds only partition {node_pid}'s data (node_config "
-                         f"data-path) but was sent partition {sent}")
+        raise ValueError(
+            f"this node holds only partition {node_pid}'s data (node_config "
+            f"data-path) but was sent partition {sent}"
+        )
     return int(sent)
 
 
@@ -61,32 +63,45 @@ def partition_of(msg: Message, context: Context, own_data: bool) -> int:
 def train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     cfg, pid, meta, data, model = _setup(msg, context)
-    setup_seconds = time.perf_counter() - t0            # config, model, received state, data
+    setup_seconds = time.perf_counter() - t0  # config, model, received state, data
     conf = msg.content["config"]
     server_round = int(conf[contract.ROUND])
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
-    helpers = [msg.content.array_records[k].to_torch_state_dict()    # FedMatch: helpers' psi
-               for k in sorted(msg.content.array_records) if k.startswith(contract.HELPER_PREFIX)]
-    keep = cfg["train"]["optimizer_state"] == "client"     # momentum kept per client, as the
-    slot = f"optimizer-{pid}"                              # a node may train several partitions
-    momentum = (context.state[slot].to_torch_state_dict()            # authors' code does
-                if keep and slot in context.state.array_records else None)
-    metrics = trainer.fit(model, data, float(conf[contract.LR]),
-                          client_seed(cfg["seed"], server_round, pid), helpers, momentum,
-                          float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
-                          float(conf.get(contract.PROXIMAL_MU, 0.0)))   # FedProx (strategy=fedprox)
+    helpers = [
+        msg.content.array_records[k].to_torch_state_dict()  # FedMatch: helpers' psi
+        for k in sorted(msg.content.array_records)
+        if k.startswith(contract.HELPER_PREFIX)
+    ]
+    keep = cfg["train"]["optimizer_state"] == "client"  # momentum kept per client, as the
+    slot = f"optimizer-{pid}"  # a node may train several partitions
+    momentum = (
+        context.state[slot].to_torch_state_dict()  # authors' code does
+        if keep and slot in context.state.array_records
+        else None
+    )
+    metrics = trainer.fit(
+        model,
+        data,
+        float(conf[contract.LR]),
+        client_seed(cfg["seed"], server_round, pid),
+        helpers,
+        momentum,
+        float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
+        float(conf.get(contract.PROXIMAL_MU, 0.0)),
+    )  # FedProx (strategy=fedprox)
     if keep:
         context.state[slot] = ArrayRecord(trainer.momentum_out)
     metrics["partition_id"] = pid
     metrics["setup_seconds"] = setup_seconds
     t0 = time.perf_counter()
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    attack = attack_of(context.node_config)             # tests and the attack benchmark only
+    attack = attack_of(context.node_config)  # tests and the attack benchmark only
     if attack:
-        state, metrics = apply_attack(attack, arrays_to_torch(msg.content["arrays"]),
-                                      state, metrics)
+        state, metrics = apply_attack(
+            attack, arrays_to_torch(msg.content["arrays"]), state, metrics
+        )
     arrays = ArrayRecord(state)
-    metrics["reply_seconds"] = time.perf_counter() - t0          # the state into the reply
+    metrics["reply_seconds"] = time.perf_counter() - t0  # the state into the reply
     return contract.train_reply(msg, arrays, metrics)
 
 
@@ -94,18 +109,25 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received model on the client's labeled data."""
     cfg, pid, meta, data, model = _setup(msg, context)
-    loss, acc, _, _ = evaluate_model(model, data.x_l, data.y_l, meta["mean"], meta["std"],
-                                  cfg["eval"]["batch_size"])
-    metrics = MetricRecord({"eval_loss": loss, "eval_accuracy": acc,
-                            "num-examples": int(len(data.y_l))})
+    loss, acc, _, _ = evaluate_model(
+        model, data.x_l, data.y_l, meta["mean"], meta["std"], cfg["eval"]["batch_size"]
+    )
+    metrics = MetricRecord(
+        {"eval_loss": loss, "eval_accuracy": acc, "num-examples": int(len(data.y_l))}
+    )
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node holds (node ids are random per run)."""
-    return contract.node_info_reply(msg, {
-        "partition-id": int(context.node_config["partition-id"]),
-        "num-partitions": int(context.node_config.get("num-partitions", -1)),
-        "own-data": int(bool(context.node_config.get("data-path"))),
-        "process-start": process_start() or 0.0, "imported-at": IMPORTED_AT})
+    return contract.node_info_reply(
+        msg,
+        {
+            "partition-id": int(context.node_config["partition-id"]),
+            "num-partitions": int(context.node_config.get("num-partitions", -1)),
+            "own-data": int(bool(context.node_config.get("data-path"))),
+            "process-start": process_start() or 0.0,
+            "imported-at": IMPORTED_AT,
+        },
+    )

@@ -26,15 +26,21 @@ def attack_of(node_config: dict[str, Any]) -> str | None:
     if not kind:
         return None
     if os.environ.get(ENV) != "1":
-        raise RuntimeError(f"node_config attack='{kind}' is a test-only behaviour; it runs only "
-                           f"with {ENV}=1 in the node's environment. Remove it from node_config.")
+        raise RuntimeError(
+            f"node_config attack='{kind}' is a test-only behaviour; it runs only "
+            f"with {ENV}=1 in the node's environment. Remove it from node_config."
+        )
     if kind not in ATTACKS:
         raise ValueError(f"unknown attack '{kind}': choose {', '.join(ATTACKS)}")
     return str(kind)
 
 
-def apply_attack(kind: str, received: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
-                 metrics: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def apply_attack(
+    kind: str,
+    received: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    metrics: dict[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The reply a malicious node sends instead of its honest (state, metrics)."""
     state, metrics = dict(state), dict(metrics)
     floats = [k for k, v in state.items() if v.is_floating_point()]

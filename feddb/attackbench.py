@@ -30,31 +30,44 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[1]
 # five: the benchmark; default: the quick preset's own federation (20 clients, 10 a round), where
 # node 0 is drawn in about half of the rounds and is then 1 of 10
-SETTINGS = {"five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
-                    "fl.min_train_clients=1 checkpoint.every=0{extra}'",
-            "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
-            "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
-                      "checkpoint.every=0{extra}'"}
+SETTINGS = {
+    "five": "experiment='quick' overrides='fl.num_clients=5 fl.fraction_train=1.0 "
+    "fl.min_train_clients=1 checkpoint.every=0{extra}'",
+    "default": "experiment='quick' overrides='checkpoint.every=0{extra}'",
+    "forced": "experiment='quick' overrides='fl.fraction_train=0.25 fl.always_sample=[0] "
+    "checkpoint.every=0{extra}'",
+}
 # a node that attacks is a deployment's threat: the defences, on by default only where the nodes
 # are SuperNodes, are in scope here as they would be there
 ALWAYS = " server.robust.scope=always"
-HEADER = {"five": "node 0 of 5, every round", "default": "node 0 of 20, when drawn (10 a round)",
-          "forced": "node 0 of 20, in every round of 5"}
-UNDEFENDED = (" dma.cap=null server.sizes=reported server.robust.clip=null"
-              " server.robust.min_cosine=null server.robust.loss_check=null")
+HEADER = {
+    "five": "node 0 of 5, every round",
+    "default": "node 0 of 20, when drawn (10 a round)",
+    "forced": "node 0 of 20, in every round of 5",
+}
+UNDEFENDED = (
+    " dma.cap=null server.sizes=reported server.robust.clip=null"
+    " server.robust.min_cosine=null server.robust.loss_check=null"
+)
 # the defaults without the two filters of updates: the cap, trusted sizes and the norm bound stay
 NO_FILTERS = " server.robust.min_cosine=null server.robust.loss_check=null"
-FILTER = " server.robust.loss_check=null"        # the agreement filter alone (no evaluations)
-LOSS_CHECK = " server.robust.min_cosine=null"    # the loss check alone
+FILTER = " server.robust.loss_check=null"  # the agreement filter alone (no evaluations)
+LOSS_CHECK = " server.robust.min_cosine=null"  # the loss check alone
 SAMPLES = " server.weighting=samples"
-VICTIM = {"uniform_app_u": ("feddb", ""), "inflated_sizes": ("fixmatch", SAMPLES),
-          "scaled_update": ("feddb", ""), "sign_flip": ("feddb", ""), "nan": ("feddb", "")}
+VICTIM = {
+    "uniform_app_u": ("feddb", ""),
+    "inflated_sizes": ("fixmatch", SAMPLES),
+    "scaled_update": ("feddb", ""),
+    "sign_flip": ("feddb", ""),
+    "nan": ("feddb", ""),
+}
 HONEST_SEEDS = (0, 1, 2)
-OTHER_METHODS = ("fedavg", "fixmatch", "semifl", "fedmatch", "fedrgd")   # honest, seed 0
+OTHER_METHODS = ("fedavg", "fixmatch", "semifl", "fedmatch", "fedrgd")  # honest, seed 0
 
 
 def plan() -> list[dict]:
     """Every run: (dir, method, overrides, attack, seed)."""
+
     def run(d, method, extra, attack=None, seed=0):
         return {"dir": d, "method": method, "extra": extra, "attack": attack, "seed": seed}
 
@@ -64,27 +77,44 @@ def plan() -> list[dict]:
         for seed in HONEST_SEEDS if method == "feddb" else (0,):
             runs.append(run(f"clean/{tag}/s{seed}", method, extra, seed=seed))
             if method == "feddb":
-                runs += [run(f"clean-undefended/{tag}/s{seed}", method, extra + UNDEFENDED,
-                             seed=seed),
-                         run(f"clean-no-filters/{tag}/s{seed}", method, extra + NO_FILTERS,
-                             seed=seed)]
+                runs += [
+                    run(f"clean-undefended/{tag}/s{seed}", method, extra + UNDEFENDED, seed=seed),
+                    run(f"clean-no-filters/{tag}/s{seed}", method, extra + NO_FILTERS, seed=seed),
+                ]
     for attack, (method, extra) in VICTIM.items():
-        for kind, more in (("undefended", UNDEFENDED), ("no-filters", NO_FILTERS),
-                           ("defaults", "")):
-            if not (attack == "nan" and kind == "undefended"):   # rejected by the reply check
+        for kind, more in (
+            ("undefended", UNDEFENDED),
+            ("no-filters", NO_FILTERS),
+            ("defaults", ""),
+        ):
+            if not (attack == "nan" and kind == "undefended"):  # rejected by the reply check
                 runs.append(run(f"{attack}/{kind}", method, extra + more, attack))
-    runs += [run(f"{attack}/defaults-s{seed}", "feddb", "", attack, seed)
-             for attack in ("sign_flip", "nan") for seed in HONEST_SEEDS[1:]]
+    runs += [
+        run(f"{attack}/defaults-s{seed}", "feddb", "", attack, seed)
+        for attack in ("sign_flip", "nan")
+        for seed in HONEST_SEEDS[1:]
+    ]
     # the attack on seeds the defaults were not set on; NaN: node 0's replies all rejected, i.e.
     # the run without node 0's data, which is the best any defence can do against node 0
-    for kind, more in (("filter", FILTER), ("loss-check", LOSS_CHECK)):   # each filter alone
-        runs += [run(f"sign_flip/{kind}" + (f"-s{seed}" if seed else ""), "feddb", more,
-                     "sign_flip", seed) for seed in HONEST_SEEDS]
-        runs += [run(f"clean-{kind}/feddb/s{seed}", "feddb", more, seed=seed)
-                 for seed in HONEST_SEEDS]
-    for method in OTHER_METHODS:          # what the two filters cost the other methods
-        runs += [run(f"clean/{method}/s0", method, ""),
-                 run(f"clean-no-filters/{method}/s0", method, NO_FILTERS)]
+    for kind, more in (("filter", FILTER), ("loss-check", LOSS_CHECK)):  # each filter alone
+        runs += [
+            run(
+                f"sign_flip/{kind}" + (f"-s{seed}" if seed else ""),
+                "feddb",
+                more,
+                "sign_flip",
+                seed,
+            )
+            for seed in HONEST_SEEDS
+        ]
+        runs += [
+            run(f"clean-{kind}/feddb/s{seed}", "feddb", more, seed=seed) for seed in HONEST_SEEDS
+        ]
+    for method in OTHER_METHODS:  # what the two filters cost the other methods
+        runs += [
+            run(f"clean/{method}/s0", method, ""),
+            run(f"clean-no-filters/{method}/s0", method, NO_FILTERS),
+        ]
     return runs
 
 
@@ -115,62 +145,106 @@ def mean_interval(d: list[float]) -> str:
 
 def table(out: Path, federation: str = "forced") -> str:
     """The benchmark's tables; runs not complete yet show as `not run`."""
-    lines = [f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
-             "attacked, defaults without the filter and the loss check | attacked, defaults | "
-             "defaults − clean |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| attack ({HEADER[federation]}) | victim | clean | attacked, no defence | "
+        "attacked, defaults without the filter and the loss check | attacked, defaults | "
+        "defaults − clean |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for attack, (method, extra) in VICTIM.items():
         tag = method + ("-samples" if extra else "")
         clean = final(out / f"clean/{tag}/s0")
-        hit = (final(out / f"{attack}/undefended") if attack != "nan" else None)
+        hit = final(out / f"{attack}/undefended") if attack != "nan" else None
         held = final(out / f"{attack}/defaults")
-        gap = (f"{100 * (held - clean):+.2f}" if held is not None and clean is not None
-               else "not run")
-        lines.append(f"| {attack} | {tag} | {pct(clean)} | "
-                     f"{pct(hit) if attack != 'nan' else 'rejected (same as defaults)'} | "
-                     f"{pct(final(out / f'{attack}/no-filters'))} | {pct(held)} | {gap} |")
+        gap = (
+            f"{100 * (held - clean):+.2f}" if held is not None and clean is not None else "not run"
+        )
+        lines.append(
+            f"| {attack} | {tag} | {pct(clean)} | "
+            f"{pct(hit) if attack != 'nan' else 'rejected (same as defaults)'} | "
+            f"{pct(final(out / f'{attack}/no-filters'))} | {pct(held)} | {gap} |"
+        )
     rows = paired(out, "clean/feddb/s{s}", "clean-undefended/feddb/s{s}")
     done = [out / f"clean-undefended/feddb/s{s}" for s, *_ in rows]
-    lines += ["", "Sign flip with the defaults on the other seeds: "
-              + (other_seeds(out, "sign_flip/defaults-s{s}") or "not run") + "."]
-    return "\n".join(lines + [
-        "", honest_table(out, "FedDB, no attack: defaults vs no defence", "clean/feddb/s{s}",
-                         "clean-undefended/feddb/s{s}", "no defence"),
-        "", honest_table(out, "FedDB, no attack: defaults vs the defaults without the agreement "
-                         "filter and the loss check", "clean/feddb/s{s}",
-                         "clean-no-filters/feddb/s{s}", "no filters"),
-        "", other_methods_table(out), "", alone_table(out, "filter", FILTER), "",
-        alone_table(out, "loss-check", LOSS_CHECK), "",
-        honest_weights(done) if done else ""])
+    lines += [
+        "",
+        "Sign flip with the defaults on the other seeds: "
+        + (other_seeds(out, "sign_flip/defaults-s{s}") or "not run")
+        + ".",
+    ]
+    return "\n".join(
+        lines
+        + [
+            "",
+            honest_table(
+                out,
+                "FedDB, no attack: defaults vs no defence",
+                "clean/feddb/s{s}",
+                "clean-undefended/feddb/s{s}",
+                "no defence",
+            ),
+            "",
+            honest_table(
+                out,
+                "FedDB, no attack: defaults vs the defaults without the agreement "
+                "filter and the loss check",
+                "clean/feddb/s{s}",
+                "clean-no-filters/feddb/s{s}",
+                "no filters",
+            ),
+            "",
+            other_methods_table(out),
+            "",
+            alone_table(out, "filter", FILTER),
+            "",
+            alone_table(out, "loss-check", LOSS_CHECK),
+            "",
+            honest_weights(done) if done else "",
+        ]
+    )
 
 
 def other_seeds(out: Path, attacked: str) -> str:
     """`seed 1 x (clean y, x - y; node 0 absent z); seed 2 ...` for the attacked runs on seeds 1-2
     complete so far; node 0 absent: the NaN run of that seed (its replies all rejected)."""
-    return "; ".join(f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f}; node 0 absent "
-                     f"{pct(final(out / f'nan/defaults-s{s}'))})"
-                     for s, x, y in paired(out, attacked, "clean/feddb/s{s}") if s)
+    return "; ".join(
+        f"seed {s} {pct(x)} (clean {pct(y)}, {100 * (x - y):+.2f}; node 0 absent "
+        f"{pct(final(out / f'nan/defaults-s{s}'))})"
+        for s, x, y in paired(out, attacked, "clean/feddb/s{s}")
+        if s
+    )
 
 
 def honest_table(out: Path, title: str, a: str, b: str, b_name: str) -> str:
     rows = paired(out, a, b)
-    return "\n".join([
-        f"Honest runs, {title}, final test accuracy (%)", "",
-        f"| seed | defaults | {b_name} | difference |", "|---|---|---|---|",
-        *[f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows],
-        f"| mean, 95 % interval | | | {mean_interval([100 * (x - y) for _, x, y in rows])} |"])
+    return "\n".join(
+        [
+            f"Honest runs, {title}, final test accuracy (%)",
+            "",
+            f"| seed | defaults | {b_name} | difference |",
+            "|---|---|---|---|",
+            *[f"| {s} | {pct(x)} | {pct(y)} | {100 * (x - y):+.2f} |" for s, x, y in rows],
+            f"| mean, 95 % interval | | | {mean_interval([100 * (x - y) for _, x, y in rows])} |",
+        ]
+    )
 
 
 def other_methods_table(out: Path) -> str:
     """What the agreement filter and the loss check (defaults for every method) cost the other
     methods' honest runs, seed 0, with the rounds where they dropped an honest update."""
-    lines = ["Honest runs of the other methods, seed 0: defaults vs the defaults without the "
-             "agreement filter and the loss check", "", "| method | defaults | no filters | "
-             "difference | rounds with an update dropped |", "|---|---|---|---|---|"]
+    lines = [
+        "Honest runs of the other methods, seed 0: defaults vs the defaults without the "
+        "agreement filter and the loss check",
+        "",
+        "| method | defaults | no filters | difference | rounds with an update dropped |",
+        "|---|---|---|---|---|",
+    ]
     for m in OTHER_METHODS:
         x, y = final(out / f"clean/{m}/s0"), final(out / f"clean-no-filters/{m}/s0")
         diff = f"{100 * (x - y):+.2f}" if x is not None and y is not None else "not run"
-        lines.append(f"| {m} | {pct(x)} | {pct(y)} | {diff} | {dropped_rounds(out / f'clean/{m}/s0')} |")
+        lines.append(
+            f"| {m} | {pct(x)} | {pct(y)} | {diff} | {dropped_rounds(out / f'clean/{m}/s0')} |"
+        )
     return "\n".join(lines)
 
 
@@ -179,8 +253,10 @@ def dropped_rounds(run_dir: Path) -> str:
     if not f.is_file():
         return "not run"
     rows = [json.loads(line) for line in f.read_text().splitlines()]
-    hit = sum(bool((r.get("robust") or {}).get("dropped") or (r.get("robust") or {}).get(
-        "loss_dropped")) for r in rows)
+    hit = sum(
+        bool((r.get("robust") or {}).get("dropped") or (r.get("robust") or {}).get("loss_dropped"))
+        for r in rows
+    )
     return f"{hit} of {len(rows)}"
 
 
@@ -188,16 +264,28 @@ def alone_table(out: Path, kind: str, overrides: str) -> str:
     """One of the two filters alone (`filter`: no evaluations; `loss-check`: no cosines) against
     the sign flip on the three seeds, against node 0 being absent (the NaN run: its reply dropped
     every round), and what it changes in honest runs."""
-    flips = [(s, final(out / (f"sign_flip/{kind}" + (f"-s{s}" if s else ""))))
-             for s in HONEST_SEEDS]
-    text = "; ".join(f"seed {s} {pct(x)} (clean {pct(c)}, {100 * (x - c):+.2f})"
-                     for s, x in flips if x is not None
-                     and (c := final(out / f"clean/feddb/s{s}")) is not None)
-    return "\n".join([
-        f"Sign flip with `{overrides.strip()}` ({kind} alone): {text or 'not run'} "
-        f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}).", "",
-        honest_table(out, f"FedDB, no attack: the defaults vs the {kind} alone",
-                     "clean/feddb/s{s}", f"clean-{kind}/feddb/s{{s}}", f"{kind} alone")])
+    flips = [
+        (s, final(out / (f"sign_flip/{kind}" + (f"-s{s}" if s else "")))) for s in HONEST_SEEDS
+    ]
+    text = "; ".join(
+        f"seed {s} {pct(x)} (clean {pct(c)}, {100 * (x - c):+.2f})"
+        for s, x in flips
+        if x is not None and (c := final(out / f"clean/feddb/s{s}")) is not None
+    )
+    return "\n".join(
+        [
+            f"Sign flip with `{overrides.strip()}` ({kind} alone): {text or 'not run'} "
+            f"(node 0 absent, its data lost: {pct(final(out / 'nan/defaults'))}).",
+            "",
+            honest_table(
+                out,
+                f"FedDB, no attack: the defaults vs the {kind} alone",
+                "clean/feddb/s{s}",
+                f"clean-{kind}/feddb/s{{s}}",
+                f"{kind} alone",
+            ),
+        ]
+    )
 
 
 def honest_weights(run_dirs: list[Path]) -> str:
@@ -210,32 +298,47 @@ def honest_weights(run_dirs: list[Path]) -> str:
             w = (json.loads(line).get("dma") or {}).get("weights") or []
             v += [len(w) * x for x in w]
     q = np.percentile(v, [50, 90, 99, 100])
-    return (f"Honest FedDB runs without the cap ({len(v)} client-rounds): m·β_m median "
-            f"{q[0]:.2f}, 90th percentile {q[1]:.2f}, 99th {q[2]:.2f}, largest {q[3]:.2f}; "
-            f"above κ = 2 in {100 * np.mean(np.asarray(v) > 2):.1f} % of client-rounds.")
+    return (
+        f"Honest FedDB runs without the cap ({len(v)} client-rounds): m·β_m median "
+        f"{q[0]:.2f}, 90th percentile {q[1]:.2f}, 99th {q[2]:.2f}, largest {q[3]:.2f}; "
+        f"above κ = 2 in {100 * np.mean(np.asarray(v) > 2):.1f} % of client-rounds."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="runs/attacks")
-    ap.add_argument("--part", default="0/1", metavar="K/N",
-                    help="run only every N-th run from the K-th (0 <= K < N), so that N "
-                         "processes share the plan; the table is written once all are complete")
-    ap.add_argument("--federation", choices=sorted(SETTINGS), default="forced",
-                    help="five: 5 clients, all every round (the benchmark); default: the quick "
-                         "preset's 20 clients, 10 a round; forced: 20 clients, 5 a round, node 0 "
-                         "in every round (fl.always_sample=[0]); use another --out for each")
-    ap.add_argument("--table", action="store_true",
-                    help="run nothing: write the table of the runs complete so far (the others "
-                         "show as `not run`) to <out>/attacks.md")
+    ap.add_argument(
+        "--part",
+        default="0/1",
+        metavar="K/N",
+        help="run only every N-th run from the K-th (0 <= K < N), so that N "
+        "processes share the plan; the table is written once all are complete",
+    )
+    ap.add_argument(
+        "--federation",
+        choices=sorted(SETTINGS),
+        default="forced",
+        help="five: 5 clients, all every round (the benchmark); default: the quick "
+        "preset's 20 clients, 10 a round; forced: 20 clients, 5 a round, node 0 "
+        "in every round (fl.always_sample=[0]); use another --out for each",
+    )
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="run nothing: write the table of the runs complete so far (the others "
+        "show as `not run`) to <out>/attacks.md",
+    )
     args = ap.parse_args(argv)
     try:
         k, n = (int(x) for x in args.part.split("/"))
         if not 0 <= k < n:
             raise ValueError
     except ValueError:
-        print(f"error: --part must be K/N with 0 <= K < N (e.g. 0/2), got {args.part!r}",
-              file=sys.stderr)
+        print(
+            f"error: --part must be K/N with 0 <= K < N (e.g. 0/2), got {args.part!r}",
+            file=sys.stderr,
+        )
         return 2
     sys.path.insert(0, str(PROJECT))
     from client_app.attacks import ENV
@@ -244,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from .launch import parse_run_config
     from .sweep import complete
 
-    os.environ[ENV] = "1"                 # this process's simulated node 0 may attack
+    os.environ[ENV] = "1"  # this process's simulated node 0 may attack
     out = Path(args.out).resolve()
     runs = plan()
     for i, r in enumerate(runs if not args.table else [], 1):
@@ -252,14 +355,18 @@ def main(argv: list[str] | None = None) -> int:
         if (i - 1) % n != k or complete(run_dir):
             continue
         print(f"[attacks] {i}/{len(runs)} {r['dir']}", flush=True)
-        rc = parse_run_config(f"method='{r['method']}' seed={r['seed']} output-dir='{run_dir}' "
-                              + SETTINGS[args.federation].format(extra=ALWAYS + r["extra"]))
+        rc = parse_run_config(
+            f"method='{r['method']}' seed={r['seed']} output-dir='{run_dir}' "
+            + SETTINGS[args.federation].format(extra=ALWAYS + r["extra"])
+        )
         run_in_process(rc, node_config={0: {"attack": r["attack"]}} if r["attack"] else None)
     missing = [r["dir"] for r in runs if not complete(out / r["dir"])]
     if missing and not args.table:
-        print(f"[attacks] part {k}/{n} done; {len(missing)} runs of other parts still to finish "
-              f"(first: {missing[0]}); run again without --part for the table, or with "
-              "--table for what is complete")
+        print(
+            f"[attacks] part {k}/{n} done; {len(missing)} runs of other parts still to finish "
+            f"(first: {missing[0]}); run again without --part for the table, or with "
+            "--table for what is complete"
+        )
         return 0
     text = table(out, args.federation)
     (out / "attacks.md").write_text(text + "\n")

@@ -31,27 +31,45 @@ from feddb.reproduce import write_runs
 from server_app.recorder import run_summary
 
 # (label, what the number is, larger is better)
-METRICS = [("final", "final test accuracy", True),
-           ("selected", "test accuracy at the best-validation round", True),
-           ("worst_final", "worst class, final", True),
-           ("top_final", "one-class share, final", False),
-           ("worst_ssl", "worst class, mean over the semi-supervised rounds", True),
-           ("top_ssl", "one-class share, mean over the semi-supervised rounds", False)]
+METRICS = [
+    ("final", "final test accuracy", True),
+    ("selected", "test accuracy at the best-validation round", True),
+    ("worst_final", "worst class, final", True),
+    ("top_final", "one-class share, final", False),
+    ("worst_ssl", "worst class, mean over the semi-supervised rounds", True),
+    ("top_ssl", "one-class share, mean over the semi-supervised rounds", False),
+]
 
 UNIFORM, SIZES = "uniform", "n_m"
 # claim -> comparisons (a, b): a - b > 0 supports the claim; pairs whose runs are absent are skipped
 CLAIMS = {
-    "SSL helps": [(f"FixMatch, {SIZES}", "FedAvg"), (f"FixMatch, {UNIFORM}", "FedAvg"),
-                  ("FedDB", "FedAvg")],
-    "DPL helps": [(f"FixMatch-FedDPL, {SIZES}", f"FixMatch, {SIZES}"),
-                  (f"FixMatch-FedDPL, {UNIFORM}", f"FixMatch, {UNIFORM}"),
-                  ("FedDB", "FedDB w/o DPL")],
-    "DMA helps": [("FedDB w/o DPL", f"FixMatch, {UNIFORM}"), ("FedDB w/o DPL", f"FixMatch, {SIZES}"),
-                  ("FedDB", f"FixMatch-FedDPL, {UNIFORM}"), ("FedDB", f"FixMatch-FedDPL, {SIZES}")],
+    "SSL helps": [
+        (f"FixMatch, {SIZES}", "FedAvg"),
+        (f"FixMatch, {UNIFORM}", "FedAvg"),
+        ("FedDB", "FedAvg"),
+    ],
+    "DPL helps": [
+        (f"FixMatch-FedDPL, {SIZES}", f"FixMatch, {SIZES}"),
+        (f"FixMatch-FedDPL, {UNIFORM}", f"FixMatch, {UNIFORM}"),
+        ("FedDB", "FedDB w/o DPL"),
+    ],
+    "DMA helps": [
+        ("FedDB w/o DPL", f"FixMatch, {UNIFORM}"),
+        ("FedDB w/o DPL", f"FixMatch, {SIZES}"),
+        ("FedDB", f"FixMatch-FedDPL, {UNIFORM}"),
+        ("FedDB", f"FixMatch-FedDPL, {SIZES}"),
+    ],
     "FedDB beats FixMatch": [("FedDB", f"FixMatch, {UNIFORM}"), ("FedDB", f"FixMatch, {SIZES}")],
 }
-ORDER = ["FedAvg", f"FixMatch, {UNIFORM}", f"FixMatch, {SIZES}", f"FixMatch-FedDPL, {UNIFORM}",
-         f"FixMatch-FedDPL, {SIZES}", "FedDB w/o DPL", "FedDB"]
+ORDER = [
+    "FedAvg",
+    f"FixMatch, {UNIFORM}",
+    f"FixMatch, {SIZES}",
+    f"FixMatch-FedDPL, {UNIFORM}",
+    f"FixMatch-FedDPL, {SIZES}",
+    "FedDB w/o DPL",
+    "FedDB",
+]
 
 
 def label(cfg: dict[str, Any]) -> str:
@@ -70,12 +88,19 @@ def setting_of(cfg: dict[str, Any]) -> str:
     p = cfg["partition"]
     if p.get("imbalance_ratio"):
         return f"long-tailed pool, ratio {p['imbalance_ratio']:g}" + (
-            "" if p["mode"] == "iid" else f", δ={p['delta']}")
+            "" if p["mode"] == "iid" else f", δ={p['delta']}"
+        )
     return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
 
 
-SMOOTH = 5          # rounds in the figures' trailing means (one round's values swing widely)
-SETTING_ORDER = ["δ=0.1", "δ=0.3", "IID", "long-tailed pool, ratio 10", "long-tailed pool, ratio 100"]
+SMOOTH = 5  # rounds in the figures' trailing means (one round's values swing widely)
+SETTING_ORDER = [
+    "δ=0.1",
+    "δ=0.3",
+    "IID",
+    "long-tailed pool, ratio 10",
+    "long-tailed pool, ratio 100",
+]
 
 
 def ordered(names, order: list[str]) -> list[str]:
@@ -91,14 +116,21 @@ def semi_rounds(run: dict[str, Any]) -> list[dict[str, Any]]:
 def measures(run: dict[str, Any]) -> dict[str, float | None]:
     last = [r for r in run["rounds"] if r.get("class_accuracy")][-1]
     semi = semi_rounds(run)
-    moved = [float(np.abs(np.subtract(c["app_u"], c["app_u_global"])).sum())
-             for r in semi for c in r.get("clients", [])
-             if len(c.get("app_u", [])) == len(c.get("app_u_global", [])) > 0]
-    return {"final": run["final"], "selected": run["selected"],
-            "worst_final": min(last["class_accuracy"]), "top_final": last["top_class_share"],
-            "worst_ssl": float(np.mean([min(r["class_accuracy"]) for r in semi])) if semi else None,
-            "top_ssl": float(np.mean([r["top_class_share"] for r in semi])) if semi else None,
-            "app_u_moved": float(np.mean(moved)) if moved else None}
+    moved = [
+        float(np.abs(np.subtract(c["app_u"], c["app_u_global"])).sum())
+        for r in semi
+        for c in r.get("clients", [])
+        if len(c.get("app_u", [])) == len(c.get("app_u_global", [])) > 0
+    ]
+    return {
+        "final": run["final"],
+        "selected": run["selected"],
+        "worst_final": min(last["class_accuracy"]),
+        "top_final": last["top_class_share"],
+        "worst_ssl": float(np.mean([min(r["class_accuracy"]) for r in semi])) if semi else None,
+        "top_ssl": float(np.mean([r["top_class_share"] for r in semi])) if semi else None,
+        "app_u_moved": float(np.mean(moved)) if moved else None,
+    }
 
 
 def load(root: Path) -> list[dict[str, Any]]:
@@ -110,10 +142,14 @@ def load(root: Path) -> list[dict[str, Any]]:
                 continue
             summary = run_summary(run["rounds"])
             prov = run["dir"] / "provenance.json"
-            run.update(regime=regime_dir.name, setting=setting_of(run["cfg"]),
-                       variant=label(run["cfg"]), defence_rounds=summary["defence_rounds"],
-                       provenance=json.loads(prov.read_text()) if prov.is_file() else {},
-                       **measures(run))
+            run.update(
+                regime=regime_dir.name,
+                setting=setting_of(run["cfg"]),
+                variant=label(run["cfg"]),
+                defence_rounds=summary["defence_rounds"],
+                provenance=json.loads(prov.read_text()) if prov.is_file() else {},
+                **measures(run),
+            )
             out.append(run)
     return out
 
@@ -138,13 +174,22 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     seeds = sorted(set(ra) & set(rb))
                     if not seeds:
                         continue
-                    row = {"regime": regime, "setting": sett, "claim": claim, "a": a, "b": b,
-                           "seeds": seeds}
+                    row = {
+                        "regime": regime,
+                        "setting": sett,
+                        "claim": claim,
+                        "a": a,
+                        "b": b,
+                        "seeds": seeds,
+                    }
                     for key, _, better_up in METRICS:
-                        d = [pct(ra[s][key]) - pct(rb[s][key]) for s in seeds
-                             if ra[s][key] is not None and rb[s][key] is not None]
+                        d = [
+                            pct(ra[s][key]) - pct(rb[s][key])
+                            for s in seeds
+                            if ra[s][key] is not None and rb[s][key] is not None
+                        ]
                         if not better_up:
-                            d = [-x for x in d]        # a smaller one-class share supports it
+                            d = [-x for x in d]  # a smaller one-class share supports it
                         row[key] = interval95(d) if d else None
                     out.append(row)
     return out
@@ -181,57 +226,97 @@ def provenance_line(runs: list[dict[str, Any]]) -> str:
     hardware = sorted({str(p.get("hardware")) for p in provs if p.get("hardware")})
     seeds = sorted({r["seed"] for r in runs})
     span = " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "date unknown"
-    code = (f"commit {commits[0]}" if len(commits) == 1 else
-            f"commits {commits[0]} to {commits[-1]} ({len(commits)} commits)")
-    return (f"Provenance: {len(runs)} complete runs, started at {code}"
-            + (f", {dirty} of them with uncommitted changes in the tree" if dirty else "")
-            + f"; {span}; {'; '.join(hardware) or 'hardware unknown'}, one thread per run; "
-            f"seeds {', '.join(map(str, seeds))} (per cell below).")
+    code = (
+        f"commit {commits[0]}"
+        if len(commits) == 1
+        else f"commits {commits[0]} to {commits[-1]} ({len(commits)} commits)"
+    )
+    return (
+        f"Provenance: {len(runs)} complete runs, started at {code}"
+        + (f", {dirty} of them with uncommitted changes in the tree" if dirty else "")
+        + f"; {span}; {'; '.join(hardware) or 'hardware unknown'}, one thread per run; "
+        f"seeds {', '.join(map(str, seeds))} (per cell below)."
+    )
 
 
 def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[Path]) -> str:
     out = ["# The paper's claims, tested", "", provenance_line(runs), ""]
     acted = [r for r in runs if any(r["defence_rounds"].values())]
-    out += [f"Defences that changed an aggregate: {len(acted)} of {len(runs)} runs "
-            "(a simulation runs the methods as published).", ""]
+    out += [
+        f"Defences that changed an aggregate: {len(acted)} of {len(runs)} runs "
+        "(a simulation runs the methods as published).",
+        "",
+    ]
     # verdicts
-    cells = [(g, s) for g in sorted({r["regime"] for r in runs})
-             for s in ordered((r["setting"] for r in runs if r["regime"] == g), SETTING_ORDER)]
-    out += ["## Verdicts (final test accuracy; every comparison of a claim must hold)", "",
-            "| claim | " + " | ".join(f"{g}, {s}" for g, s in cells) + " |",
-            "|---" * (len(cells) + 1) + "|"]
+    cells = [
+        (g, s)
+        for g in sorted({r["regime"] for r in runs})
+        for s in ordered((r["setting"] for r in runs if r["regime"] == g), SETTING_ORDER)
+    ]
+    out += [
+        "## Verdicts (final test accuracy; every comparison of a claim must hold)",
+        "",
+        "| claim | " + " | ".join(f"{g}, {s}" for g, s in cells) + " |",
+        "|---" * (len(cells) + 1) + "|",
+    ]
     for claim in CLAIMS:
         vals = []
         for cell in cells:
             mine = [r for r in rows if (r["regime"], r["setting"]) == cell and r["claim"] == claim]
             v = {verdict(r) for r in mine}
-            vals.append("–" if not mine else "fails" if "fails" in v else "holds"
-                        if v == {"holds"} else "one seed" if v == {"one seed"} else "not shown")
+            vals.append(
+                "–"
+                if not mine
+                else "fails"
+                if "fails" in v
+                else "holds"
+                if v == {"holds"}
+                else "one seed"
+                if v == {"one seed"}
+                else "not shown"
+            )
         out.append(f"| {claim} | " + " | ".join(vals) + " |")
-    out += ["", "holds: every comparison's 95 % interval above 0; fails: one below 0; not shown: "
-            "an interval includes 0.", ""]
+    out += [
+        "",
+        "holds: every comparison's 95 % interval above 0; fails: one below 0; not shown: "
+        "an interval includes 0.",
+        "",
+    ]
     # per-cell tables
     for regime, sett in cells:
         rs = [r for r in runs if r["regime"] == regime and r["setting"] == sett]
-        out += [f"## {regime} regime, {sett}", "",
-                "| run | seeds | final, % | at best validation, % | worst class, final, % | "
-                "one-class share, final, % | worst class, semi rounds, % | one-class share, semi "
-                "rounds, % | APP-U moved by local training (L1) | collapsed |", "|---" * 10 + "|"]
+        out += [
+            f"## {regime} regime, {sett}",
+            "",
+            "| run | seeds | final, % | at best validation, % | worst class, final, % | "
+            "one-class share, final, % | worst class, semi rounds, % | one-class share, semi "
+            "rounds, % | APP-U moved by local training (L1) | collapsed |",
+            "|---" * 10 + "|",
+        ]
         for var in ordered((r["variant"] for r in rs), ORDER):
             v = [r for r in rs if r["variant"] == var]
             moved = [r["app_u_moved"] for r in v if r["app_u_moved"] is not None]
-            out.append(f"| {var} | {len(v)} | "
-                       + " | ".join(mean_std([r[k] for r in v]) for k, _, _ in METRICS)
-                       + f" | {f'{np.mean(moved):.3f}' if moved else '–'} | "
-                       + f"{sum(r['collapsed'] for r in v)} |")
-        out += ["", "Paired per-seed differences, points (95 % interval; one-class share: "
-                "reduction, so > 0 supports the claim):", "",
-                "| claim | comparison | seeds | " + " | ".join(t for _, t, _ in METRICS) + " |",
-                "|---" * (len(METRICS) + 3) + "|"]
+            out.append(
+                f"| {var} | {len(v)} | "
+                + " | ".join(mean_std([r[k] for r in v]) for k, _, _ in METRICS)
+                + f" | {f'{np.mean(moved):.3f}' if moved else '–'} | "
+                + f"{sum(r['collapsed'] for r in v)} |"
+            )
+        out += [
+            "",
+            "Paired per-seed differences, points (95 % interval; one-class share: "
+            "reduction, so > 0 supports the claim):",
+            "",
+            "| claim | comparison | seeds | " + " | ".join(t for _, t, _ in METRICS) + " |",
+            "|---" * (len(METRICS) + 3) + "|",
+        ]
         for r in rows:
             if (r["regime"], r["setting"]) == (regime, sett):
-                out.append(f"| {r['claim']} | {r['a']} − {r['b']} | {len(r['seeds'])} | "
-                           + " | ".join(interval_text(r[k]) for k, _, _ in METRICS) + " |")
+                out.append(
+                    f"| {r['claim']} | {r['a']} − {r['b']} | {len(r['seeds'])} | "
+                    + " | ".join(interval_text(r[k]) for k, _, _ in METRICS)
+                    + " |"
+                )
         out.append("")
     return "\n".join(out) + embed(figs)
 
@@ -239,15 +324,28 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["regime", "setting", "claim", "a", "b", "seeds"]
-                   + [f"{k}_{part}" for k, _, _ in METRICS for part in ("mean", "low", "high")])
+        w.writerow(
+            ["regime", "setting", "claim", "a", "b", "seeds"]
+            + [f"{k}_{part}" for k, _, _ in METRICS for part in ("mean", "low", "high")]
+        )
         for r in rows:
             vals = []
             for k, _, _ in METRICS:
-                vals += ["" if r[k] is None or math.isnan(x) else f"{x:.4f}"
-                         for x in (r[k] or (math.nan,) * 3)]
-            w.writerow([r["regime"], r["setting"], r["claim"], r["a"], r["b"],
-                        " ".join(map(str, r["seeds"]))] + vals)
+                vals += [
+                    "" if r[k] is None or math.isnan(x) else f"{x:.4f}"
+                    for x in (r[k] or (math.nan,) * 3)
+                ]
+            w.writerow(
+                [
+                    r["regime"],
+                    r["setting"],
+                    r["claim"],
+                    r["a"],
+                    r["b"],
+                    " ".join(map(str, r["seeds"])),
+                ]
+                + vals
+            )
 
 
 def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -263,35 +361,83 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                 by[r["setting"]][r["variant"]].append(r)
         by = {s: by[s] for s in ordered(by, SETTING_ORDER)}
         semi = lambda r: r["cfg"]["method"]["trainer"] != "supervised"  # noqa: E731
-        written.append(curve_figure(
-            by, col, out / f"{regime}_classes.png",
-            [("worst class", lambda x: min(x["class_accuracy"]) if x.get("class_accuracy")
-              else None, "test accuracy of the worst class"),
-             ("one-class share", lambda x: x.get("top_class_share"),
-              "share of the most-predicted class")],
-            f"{regime} regime: the worst class's test accuracy and the largest one-class share of "
-            f"test predictions per round (mean ± std over seeds, trailing mean of {SMOOTH} rounds)",
-            smooth=SMOOTH))
-        written.append(curve_figure(
-            by, col, out / f"{regime}_pseudo_labels.png",
-            [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy_pooled"),
-              "accuracy of confident pseudo-labels"),
-             ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "share confident")],
-            f"{regime} regime: confident pseudo-labels per round (trailing mean of {SMOOTH} rounds)",
-            only=semi, smooth=SMOOTH))
-        written.append(curve_figure(
-            by, col, out / f"{regime}_figure3.png",
-            [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence")],
-            f"{regime} regime: the paper's Figure 3 measure, JS divergence between the received "
-            f"model's APP-U and its normalised class-wise accuracy (trailing mean of {SMOOTH} "
-            "rounds)", only=semi, smooth=SMOOTH))
+        written.append(
+            curve_figure(
+                by,
+                col,
+                out / f"{regime}_classes.png",
+                [
+                    (
+                        "worst class",
+                        lambda x: min(x["class_accuracy"]) if x.get("class_accuracy") else None,
+                        "test accuracy of the worst class",
+                    ),
+                    (
+                        "one-class share",
+                        lambda x: x.get("top_class_share"),
+                        "share of the most-predicted class",
+                    ),
+                ],
+                f"{regime} regime: the worst class's test accuracy and the largest one-class share of "
+                f"test predictions per round (mean ± std over seeds, trailing mean of {SMOOTH} rounds)",
+                smooth=SMOOTH,
+            )
+        )
+        written.append(
+            curve_figure(
+                by,
+                col,
+                out / f"{regime}_pseudo_labels.png",
+                [
+                    (
+                        "pseudo-label accuracy",
+                        lambda x: x.get("pseudo_label_accuracy_pooled"),
+                        "accuracy of confident pseudo-labels",
+                    ),
+                    (
+                        "pseudo-label ratio",
+                        lambda x: x.get("pseudo_label_ratio"),
+                        "share confident",
+                    ),
+                ],
+                f"{regime} regime: confident pseudo-labels per round (trailing mean of {SMOOTH} rounds)",
+                only=semi,
+                smooth=SMOOTH,
+            )
+        )
+        written.append(
+            curve_figure(
+                by,
+                col,
+                out / f"{regime}_figure3.png",
+                [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence")],
+                f"{regime} regime: the paper's Figure 3 measure, JS divergence between the received "
+                f"model's APP-U and its normalised class-wise accuracy (trailing mean of {SMOOTH} "
+                "rounds)",
+                only=semi,
+                smooth=SMOOTH,
+            )
+        )
     return written
 
 
 # what a record keeps (the rest of metrics.jsonl is per-client detail no table reads)
-ROUND_KEYS = ("round", "evaluated", "test_accuracy", "val_accuracy", "top_class_share", "collapsed",
-              "class_accuracy", "pseudo_label_accuracy", "pseudo_label_accuracy_pooled",
-              "pseudo_label_ratio", "js_divergence", "js_divergence_labeled", "lr", "skipped")
+ROUND_KEYS = (
+    "round",
+    "evaluated",
+    "test_accuracy",
+    "val_accuracy",
+    "top_class_share",
+    "collapsed",
+    "class_accuracy",
+    "pseudo_label_accuracy",
+    "pseudo_label_accuracy_pooled",
+    "pseudo_label_ratio",
+    "js_divergence",
+    "js_divergence_labeled",
+    "lr",
+    "skipped",
+)
 RUN_FILES = ("config.yaml", "summary.json", "provenance.json", "run_config.json")
 
 
@@ -308,14 +454,31 @@ def _rounded(x: Any) -> Any:
 
 def trimmed(record: dict[str, Any]) -> dict[str, Any]:
     rb, dma = record.get("robust") or {}, record.get("dma")
-    return _rounded({
-        **{k: record.get(k) for k in ROUND_KEYS},
-        "clients": [{k: c.get(k) for k in ("partition_id", "app_u", "app_u_global", "weight")}
-                    for c in record.get("clients", [])],
-        "robust": {k: rb[k] for k in ("rule", "clip", "clipped", "dropped", "loss_dropped")
-                   if k in rb},
-        "dma": None if dma is None else {k: dma.get(k) for k in (
-            "at_cap", "cap", "weight_entropy", "loss_weights", "loss_uniform", "weights")}})
+    return _rounded(
+        {
+            **{k: record.get(k) for k in ROUND_KEYS},
+            "clients": [
+                {k: c.get(k) for k in ("partition_id", "app_u", "app_u_global", "weight")}
+                for c in record.get("clients", [])
+            ],
+            "robust": {
+                k: rb[k] for k in ("rule", "clip", "clipped", "dropped", "loss_dropped") if k in rb
+            },
+            "dma": None
+            if dma is None
+            else {
+                k: dma.get(k)
+                for k in (
+                    "at_cap",
+                    "cap",
+                    "weight_entropy",
+                    "loss_weights",
+                    "loss_uniform",
+                    "weights",
+                )
+            },
+        }
+    )
 
 
 def archive(runs: list[dict[str, Any]], root: Path, path: Path) -> None:
@@ -329,10 +492,14 @@ def archive(runs: list[dict[str, Any]], root: Path, path: Path) -> None:
     with tarfile.open(path, "w:xz") as tar:
         for run in sorted(runs, key=lambda r: str(r["dir"])):
             rel = Path(root.resolve().name) / run["dir"].resolve().relative_to(root.resolve())
-            files = {name: (run["dir"] / name).read_bytes() for name in RUN_FILES
-                     if (run["dir"] / name).is_file()}
-            files["metrics.jsonl"] = "".join(json.dumps(trimmed(r)) + "\n"
-                                             for r in run["rounds"]).encode()
+            files = {
+                name: (run["dir"] / name).read_bytes()
+                for name in RUN_FILES
+                if (run["dir"] / name).is_file()
+            }
+            files["metrics.jsonl"] = "".join(
+                json.dumps(trimmed(r)) + "\n" for r in run["rounds"]
+            ).encode()
             for name, data in files.items():
                 info = tarfile.TarInfo(str(rel / name))
                 info.size, info.mtime = len(data), 0
@@ -351,8 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = load(root)
     if not runs:
-        print(f"error: no complete runs below {root}/<regime>/ (run `feddb sweep -m "
-              "sweep=claims_cpu` first)", file=sys.stderr)
+        print(
+            f"error: no complete runs below {root}/<regime>/ (run `feddb sweep -m "
+            "sweep=claims_cpu` first)",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -365,8 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.archive:
         archive(runs, root, Path(args.archive))
     print(text)
-    print(f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and "
-          f"{len(figs)} figures")
+    print(
+        f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and {len(figs)} figures"
+    )
     return 0
 
 

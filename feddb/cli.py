@@ -18,17 +18,22 @@ COMMANDS = {
     "ladder": ("feddb.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
     "attacks": ("feddb.attackbench", "the attack benchmark: one malicious client of five a round"),
     "bench": ("feddb.benchmark", "the speed benchmark"),
-    "overhead": ("feddb.overhead", "where a round's time goes with a null trainer, and Flower's floor"),
+    "overhead": (
+        "feddb.overhead",
+        "where a round's time goes with a null trainer, and Flower's floor",
+    ),
     "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
-NO_ARGV = ("sweep", "bench")          # these read sys.argv themselves (Hydra, argparse)
+NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    return ("usage: feddb <command> [options]    (feddb <command> --help for its options)\n\n"
-            "commands:\n" + "\n".join(f"  {c:<{width}}  {h}" for c, (_, h) in COMMANDS.items()))
+    return (
+        "usage: feddb <command> [options]    (feddb <command> --help for its options)\n\n"
+        "commands:\n" + "\n".join(f"  {c:<{width}}  {h}" for c, (_, h) in COMMANDS.items())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

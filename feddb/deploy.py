@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .launch import (PROJECT, absolute_paths, format_run_config, free_port, parse_run_config,
-                     stop)
+from .launch import PROJECT, absolute_paths, format_run_config, free_port, parse_run_config, stop
 
 
 # -- credentials -------------------------------------------------------------------------------
@@ -42,11 +41,17 @@ def make_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Path]:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = (x509.CertificateBuilder().subject_name(name("feddb-flower CA")).issuer_name(name("feddb-flower CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("feddb-flower CA"))
+        .issuer_name(name("feddb-flower CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     sans: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -54,18 +59,25 @@ def make_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Path]:
         except ValueError:
             sans.append(x509.DNSName(host))
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder().subject_name(name(hosts[0])).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name(hosts[0]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     files = {"ca": out / "ca.crt", "cert": out / "server.pem", "key": out / "server.key"}
     files["ca"].write_bytes(ca.public_bytes(pem))
     files["cert"].write_bytes(cert.public_bytes(pem))
-    files["key"].write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    files["key"].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     files["key"].chmod(0o600)
     return files
 
@@ -80,21 +92,28 @@ def make_keys(out: Path, count: int, prefix: str = "supernode") -> list[Path]:
     for i in range(count):
         key = ec.generate_private_key(ec.SECP384R1())
         path = out / f"{prefix}_{i}"
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.OpenSSH,
-                                           serialization.NoEncryption()))
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
         path.chmod(0o600)
-        path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        path.with_suffix(".pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
         private.append(path)
     return private
 
 
 def export_data(run_config: dict, out: Path) -> list[Path]:
     """One file per client holding only its own data (the simulation's partition)."""
-    from server_app.config import resolve
     from fssl.data import write_client_files
     from fssl.runtime import dataset_for, partition_for
+    from server_app.config import resolve
 
     cfg, _ = resolve(run_config)
     part = partition_for(cfg)
@@ -107,12 +126,13 @@ def _bin(name: str) -> str:
 
 
 def _flwr(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([_bin("flwr"), *args], cwd=PROJECT, env=env, text=True,
-                          capture_output=True, check=False)
+    return subprocess.run(
+        [_bin("flwr"), *args], cwd=PROJECT, env=env, text=True, capture_output=True, check=False
+    )
 
 
 def _json(text: str) -> dict:
-    return json.loads(text[text.find("{"):])
+    return json.loads(text[text.find("{") :])
 
 
 class LocalDeployment:
@@ -126,33 +146,53 @@ class LocalDeployment:
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.certs = None if insecure else make_certs(self.workdir / "certs",
-                                                      ["localhost", "127.0.0.1"])
+        self.certs = (
+            None if insecure else make_certs(self.workdir / "certs", ["localhost", "127.0.0.1"])
+        )
 
     def _start(self, name: str, cmd: list[str], env_extra: dict | None = None) -> subprocess.Popen:
         env = dict(self.env, FLWR_HOME=str(self.workdir / f"home-{name}"), **(env_extra or {}))
-        proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stderr=subprocess.STDOUT,
-                                stdout=open(self.logs / f"{name}.log", "w"))
+        proc = subprocess.Popen(
+            cmd,
+            cwd=self.workdir,
+            env=env,
+            stderr=subprocess.STDOUT,
+            stdout=open(self.logs / f"{name}.log", "w"),  # noqa: SIM115 - open while the node runs
+        )
         self.procs[name] = proc
         return proc
 
     def start_superlink(self) -> None:
-        cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
-               "--disable-runtime-dependency-installation"]
+        cmd = [
+            _bin("flower-superlink"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",
+        ]
         connection: dict = {"address": f"127.0.0.1:{self.port}"}
         if self.insecure:
             cmd.append("--insecure")
             connection["insecure"] = True
         else:
             c = self.certs
-            cmd += ["--ssl-ca-certfile", str(c["ca"]), "--ssl-certfile", str(c["cert"]),
-                    "--ssl-keyfile", str(c["key"]), "--enable-supernode-auth"]
+            cmd += [
+                "--ssl-ca-certfile",
+                str(c["ca"]),
+                "--ssl-certfile",
+                str(c["cert"]),
+                "--ssl-keyfile",
+                str(c["key"]),
+                "--enable-supernode-auth",
+            ]
             connection["root-certificates"] = str(c["ca"])
         home = self.workdir / "cli-home"
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
-            "[superlink]\ndefault = \"deploy\"\n\n[superlink.deploy]\n"
-            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in connection.items()))
+            '[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\n'
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in connection.items())
+        )
         self._start("superlink", cmd)
         _wait_for_port(self.port)
 
@@ -161,21 +201,43 @@ class LocalDeployment:
         if reg.returncode != 0:
             raise RuntimeError(f"registering {key.name}.pub failed:\n{reg.stdout}{reg.stderr}")
 
-    def start_supernode(self, pid: int, num: int, data_file: Path | None, key: Path | None,
-                        extra_config: str = "", env_extra: dict | None = None) -> subprocess.Popen:
+    def start_supernode(
+        self,
+        pid: int,
+        num: int,
+        data_file: Path | None,
+        key: Path | None,
+        extra_config: str = "",
+        env_extra: dict | None = None,
+    ) -> subprocess.Popen:
         """`extra_config`/`env_extra`: more node_config and environment (the attack test)."""
         node_config = f"partition-id={pid} num-partitions={num}" + (
-            f" {extra_config}" if extra_config else "")
+            f" {extra_config}" if extra_config else ""
+        )
         if data_file is not None:
             node_config += f" data-path='{data_file}'"
-        cmd = [_bin("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
-               "--port", str(free_port()), "--node-config", node_config,
-               "--max-retries", "3", "--max-wait-time", "20"]
+        cmd = [
+            _bin("flower-supernode"),
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--port",
+            str(free_port()),
+            "--node-config",
+            node_config,
+            "--max-retries",
+            "3",
+            "--max-wait-time",
+            "20",
+        ]
         if self.insecure:
             cmd.append("--insecure")
         else:
-            cmd += ["--root-certificates", str(self.certs["ca"]),
-                    "--auth-supernode-private-key", str(key)]
+            cmd += [
+                "--root-certificates",
+                str(self.certs["ca"]),
+                "--auth-supernode-private-key",
+                str(key),
+            ]
         return self._start(f"supernode_{pid}", cmd, env_extra)
 
     def submit(self, run_config: dict) -> int:
@@ -187,10 +249,15 @@ class LocalDeployment:
             return int(_json(started.stdout)["run-id"])
         except (ValueError, KeyError) as err:
             raise RuntimeError(
-                f"`flwr run` did not start:\n{started.stdout}{started.stderr}") from err
+                f"`flwr run` did not start:\n{started.stdout}{started.stderr}"
+            ) from err
 
-    def follow(self, run_id: int, kill_node_after: float | None = None,
-               kill_after_round: tuple[int, Path] | None = None) -> dict:
+    def follow(
+        self,
+        run_id: int,
+        kill_node_after: float | None = None,
+        kill_after_round: tuple[int, Path] | None = None,
+    ) -> dict:
         """Poll the run until it ends, optionally killing SuperNode 0 after a delay or once the
         run's metrics.jsonl holds a given round (failure drills); print its log."""
         t0 = time.monotonic()
@@ -204,8 +271,7 @@ class LocalDeployment:
                 self.procs["supernode_0"].kill()
                 print("killed SuperNode 0 (partition 0)", flush=True)
                 kill_node_after = kill_after_round = None
-            listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"],
-                           self.env)
+            listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"], self.env)
             try:
                 run = _json(listed.stdout)["runs"][0]
             except (ValueError, KeyError, IndexError):
@@ -219,17 +285,29 @@ class LocalDeployment:
         stop([p.pid for p in self.procs.values() if p.poll() is None])
 
 
-def run_local(nodes: int, workdir: Path, run_config: dict, insecure: bool = False,
-              kill_node_after: float | None = None, kill_after_round: int | None = None) -> int:
+def run_local(
+    nodes: int,
+    workdir: Path,
+    run_config: dict,
+    insecure: bool = False,
+    kill_node_after: float | None = None,
+    kill_after_round: int | None = None,
+) -> int:
     """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code."""
     if kill_after_round is not None and not run_config.get("output-dir"):
-        print("error: --kill-node-after-round needs output-dir in --run-config (where the run's "
-              "metrics.jsonl is watched), e.g. output-dir='runs/drill'", file=sys.stderr)
+        print(
+            "error: --kill-node-after-round needs output-dir in --run-config (where the run's "
+            "metrics.jsonl is watched), e.g. output-dir='runs/drill'",
+            file=sys.stderr,
+        )
         return 2
     data_files = export_data(run_config, workdir / "data")
     if len(data_files) != nodes:
-        print(f"error: the configuration has {len(data_files)} clients (fl.num_clients) but "
-              f"--nodes {nodes}", file=sys.stderr)
+        print(
+            f"error: the configuration has {len(data_files)} clients (fl.num_clients) but "
+            f"--nodes {nodes}",
+            file=sys.stderr,
+        )
         return 2
     dep = LocalDeployment(workdir, insecure)
     try:
@@ -241,11 +319,19 @@ def run_local(nodes: int, workdir: Path, run_config: dict, insecure: bool = Fals
             dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
-        status = dep.follow(run_id, kill_node_after, None if kill_after_round is None else
-                            (kill_after_round, Path(run_config["output-dir"]) / "metrics.jsonl"))
+        status = dep.follow(
+            run_id,
+            kill_node_after,
+            None
+            if kill_after_round is None
+            else (kill_after_round, Path(run_config["output-dir"]) / "metrics.jsonl"),
+        )
         if status.get("status") != "finished:completed":
-            print(f"error: run {run_id} ended as {status.get('status')}: "
-                  f"{status.get('status-details', '')}", file=sys.stderr)
+            print(
+                f"error: run {run_id} ended as {status.get('status')}: "
+                f"{status.get('status-details', '')}",
+                file=sys.stderr,
+            )
             return 1
         print(f"run {run_id}: {status['status']}", flush=True)
         return 0
@@ -273,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")
     c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--hosts", default="localhost,127.0.0.1",
-                   help="comma-separated host names and IP addresses of the SuperLink")
+    c.add_argument(
+        "--hosts",
+        default="localhost,127.0.0.1",
+        help="comma-separated host names and IP addresses of the SuperLink",
+    )
     k = sub.add_parser("keys", help="SuperNode key pairs")
     k.add_argument("--out", type=Path, required=True)
     k.add_argument("--count", type=int, required=True)
@@ -286,11 +375,20 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--workdir", type=Path, default=PROJECT / "deploy")
     lo.add_argument("--run-config", default="")
     lo.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
-    lo.add_argument("--kill-node-after", type=float, default=None,
-                    help="kill SuperNode 0 this many seconds after submitting (failure drill)")
-    lo.add_argument("--kill-node-after-round", type=int, default=None, metavar="N",
-                    help="kill SuperNode 0 once round N is recorded (failure drill; needs "
-                         "output-dir in --run-config)")
+    lo.add_argument(
+        "--kill-node-after",
+        type=float,
+        default=None,
+        help="kill SuperNode 0 this many seconds after submitting (failure drill)",
+    )
+    lo.add_argument(
+        "--kill-node-after-round",
+        type=int,
+        default=None,
+        metavar="N",
+        help="kill SuperNode 0 once round N is recorded (failure drill; needs "
+        "output-dir in --run-config)",
+    )
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
@@ -311,8 +409,14 @@ def main(argv: list[str] | None = None) -> int:
             for file in export_data(run_config, args.out):
                 print(file)
             return 0
-        return run_local(args.nodes, args.workdir, run_config, args.insecure,
-                         args.kill_node_after, args.kill_node_after_round)
+        return run_local(
+            args.nodes,
+            args.workdir,
+            run_config,
+            args.insecure,
+            args.kill_node_after,
+            args.kill_node_after_round,
+        )
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

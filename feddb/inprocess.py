@@ -30,11 +30,20 @@ def set_task_identity() -> None:
         setattr(TaskIdentity, key, value)
 
 
-def make_metadata(mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123,
-                  reply_to: str = "") -> Metadata:
-    return Metadata(run_id=1, message_id=f"m{src}-{dst}-{time.time_ns()}", src_node_id=src,
-                    dst_node_id=dst, reply_to_message_id=reply_to, group_id="1",
-                    created_at=time.time(), ttl=3600.0, message_type=mtype)
+def make_metadata(
+    mtype: str = MessageType.TRAIN, src: int = 1, dst: int = 123, reply_to: str = ""
+) -> Metadata:
+    return Metadata(
+        run_id=1,
+        message_id=f"m{src}-{dst}-{time.time_ns()}",
+        src_node_id=src,
+        dst_node_id=dst,
+        reply_to_message_id=reply_to,
+        group_id="1",
+        created_at=time.time(),
+        ttl=3600.0,
+        message_type=mtype,
+    )
 
 
 class LocalGrid(Grid):
@@ -43,21 +52,31 @@ class LocalGrid(Grid):
     evaluation); with `overlap` instructions wait in a queue until pulled, as a SuperLink's do, so
     the strategy's overlapped loop (next round out before this one's evaluation) runs too."""
 
-    simulated = True       # the nodes are this app's own ClientApps (server_app.app.simulated)
+    simulated = True  # the nodes are this app's own ClientApps (server_app.app.simulated)
 
-    def __init__(self, client_app, num_nodes: int, hook: Callable | None = None,
-                 node_config: dict[int, dict] | None = None, overlap: bool = False) -> None:
+    def __init__(
+        self,
+        client_app,
+        num_nodes: int,
+        hook: Callable | None = None,
+        node_config: dict[int, dict] | None = None,
+        overlap: bool = False,
+    ) -> None:
         """`node_config`: extra node_config entries by partition id (e.g. a test's attack)."""
         self.client_app, self.hook = client_app, hook
         self.synchronous = not overlap
         self.queued: dict[str, Message] = {}
         extra = node_config or {}
         self.contexts = {
-            5000 + 17 * i: Context(run_id=1, node_id=5000 + 17 * i,
-                                   node_config={"partition-id": i, "num-partitions": num_nodes,
-                                                **extra.get(i, {})},
-                                   state=RecordDict(), run_config={})
-            for i in range(num_nodes)}
+            5000 + 17 * i: Context(
+                run_id=1,
+                node_id=5000 + 17 * i,
+                node_config={"partition-id": i, "num-partitions": num_nodes, **extra.get(i, {})},
+                state=RecordDict(),
+                run_config={},
+            )
+            for i in range(num_nodes)
+        }
 
     def set_run(self, run) -> None:  # noqa: D102 - not needed in-process
         pass
@@ -89,8 +108,10 @@ class LocalGrid(Grid):
         return [r for r in replies if r is not None]
 
     def instruction(self, msg: Message) -> Message:
-        return Message(content=msg.content, metadata=make_metadata(
-            msg.metadata.message_type, src=0, dst=msg.metadata.dst_node_id))
+        return Message(
+            content=msg.content,
+            metadata=make_metadata(msg.metadata.message_type, src=0, dst=msg.metadata.dst_node_id),
+        )
 
     def answer(self, ins: Message) -> Message | None:
         """The ClientApp's reply (an error reply if it raised), passed through the hook."""
@@ -102,9 +123,14 @@ class LocalGrid(Grid):
         return self.hook(ins, ctx, reply) if self.hook is not None else reply
 
 
-def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callable | None = None,
-                   app=None, node_config: dict[int, dict] | None = None,
-                   overlap: bool = False) -> None:
+def run_in_process(
+    run_config: dict,
+    num_nodes: int | None = None,
+    hook: Callable | None = None,
+    app=None,
+    node_config: dict[int, dict] | None = None,
+    overlap: bool = False,
+) -> None:
     """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
     from client_app.app import app as client_app
     from fssl.config import run_config_defaults
@@ -112,7 +138,7 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
     from server_app.config import resolve
 
     set_task_identity()
-    rc = run_config_defaults() | run_config         # what Flower's runtime passes: all keys
+    rc = run_config_defaults() | run_config  # what Flower's runtime passes: all keys
     if num_nodes is None:
         num_nodes = resolve(rc)[0]["fl"]["num_clients"]
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
@@ -121,7 +147,9 @@ def run_in_process(run_config: dict, num_nodes: int | None = None, hook: Callabl
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
+    ap.add_argument(
+        "--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\""
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     from fssl.config import ConfigError

@@ -26,20 +26,26 @@ import sys
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-METHODS = {"labels only": "method='fedavg'", "FixMatch": "method='fixmatch'",
-           "FixMatch-FedDPL": "method='fixmatch' dpl=true", "FedDB": "method='feddb'"}
+METHODS = {
+    "labels only": "method='fedavg'",
+    "FixMatch": "method='fixmatch'",
+    "FixMatch-FedDPL": "method='fixmatch' dpl=true",
+    "FedDB": "method='feddb'",
+}
 CENTRAL = "fl.num_clients=1 fl.fraction_train=1.0 fl.min_train_clients=1 checkpoint.every=0"
-MODES = {"minibatch": "train.mode=minibatch train.local_epochs=1 train.local_steps=250 "
-                      "train.batch_size=64 train.mu=7 num_rounds=8 train.warmup_rounds=0",
-         "fullbatch": "train.mode=fullbatch train.local_epochs=5 num_rounds=20 "
-                      "train.warmup_rounds=0"}
+MODES = {
+    "minibatch": "train.mode=minibatch train.local_epochs=1 train.local_steps=250 "
+    "train.batch_size=64 train.mu=7 num_rounds=8 train.warmup_rounds=0",
+    "fullbatch": "train.mode=fullbatch train.local_epochs=5 num_rounds=20 train.warmup_rounds=0",
+}
 FEDERATED = ("iid", "dir0.3", "dir0.1")
-PROTOCOL = {"as the miniature": "",
-            "batch-statistics BN": "model.norm=batchstat",
-            "old full-batch round (5 clipped steps, lr 0.5)":
-                "train.mode=fullbatch train.local_epochs=5 train.lr=0.5",
-            "global-average-pool CNN head": "model.hidden=0",
-            "no warm-up": "train.warmup_rounds=0"}
+PROTOCOL = {
+    "as the miniature": "",
+    "batch-statistics BN": "model.norm=batchstat",
+    "old full-batch round (5 clipped steps, lr 0.5)": "train.mode=fullbatch train.local_epochs=5 train.lr=0.5",
+    "global-average-pool CNN head": "model.hidden=0",
+    "no warm-up": "train.warmup_rounds=0",
+}
 
 
 def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
@@ -50,39 +56,62 @@ def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
             for n in labels:
                 for mode in modes:
                     for name in ("labels only", "FixMatch"):
-                        runs.append({"rung": f"central, {mode}", "labels": n, "method": name,
-                                     "dir": f"central_{mode}_l{n}/{name.replace(' ', '_')}",
-                                     "run_config": f"{METHODS[name]} experiment='miniature' "
-                                     f"partition='iid' overrides='{CENTRAL} {MODES[mode]} "
-                                     f"dataset.num_labeled={n}'"})
+                        runs.append(
+                            {
+                                "rung": f"central, {mode}",
+                                "labels": n,
+                                "method": name,
+                                "dir": f"central_{mode}_l{n}/{name.replace(' ', '_')}",
+                                "run_config": f"{METHODS[name]} experiment='miniature' "
+                                f"partition='iid' overrides='{CENTRAL} {MODES[mode]} "
+                                f"dataset.num_labeled={n}'",
+                            }
+                        )
         elif rung in FEDERATED:
             for name, rc in METHODS.items():
-                runs.append({"rung": f"federated, {rung}", "labels": 100, "method": name,
-                             "dir": f"federated_{rung}/{name.replace(' ', '_')}",
-                             "run_config": f"{rc} experiment='miniature' partition='{rung}'"})
+                runs.append(
+                    {
+                        "rung": f"federated, {rung}",
+                        "labels": 100,
+                        "method": name,
+                        "dir": f"federated_{rung}/{name.replace(' ', '_')}",
+                        "run_config": f"{rc} experiment='miniature' partition='{rung}'",
+                    }
+                )
         elif rung == "protocol":
             for i, (change, ov) in enumerate(PROTOCOL.items()):
-                runs.append({"rung": "protocol, dir0.3", "labels": 100,
-                             "method": f"FixMatch, {change}", "dir": f"protocol/{i}",
-                             "run_config": f"{METHODS['FixMatch']} experiment='miniature' "
-                             f"partition='dir0.3'" + (f" overrides='{ov}'" if ov else "")})
+                runs.append(
+                    {
+                        "rung": "protocol, dir0.3",
+                        "labels": 100,
+                        "method": f"FixMatch, {change}",
+                        "dir": f"protocol/{i}",
+                        "run_config": f"{METHODS['FixMatch']} experiment='miniature' "
+                        f"partition='dir0.3'" + (f" overrides='{ov}'" if ov else ""),
+                    }
+                )
         else:
-            raise ValueError(f"unknown rung '{rung}': choose central, "
-                             f"{', '.join(FEDERATED)}, protocol")
+            raise ValueError(
+                f"unknown rung '{rung}': choose central, {', '.join(FEDERATED)}, protocol"
+            )
     return runs
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| rung | labels | method | final test acc (%) | test acc at best-val round (%) | "
-           "top-class share: final / largest in the second half | confident pseudo-labels correct (%) | collapsed |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| rung | labels | method | final test acc (%) | test acc at best-val round (%) | "
+        "top-class share: final / largest in the second half | confident pseudo-labels correct (%) | collapsed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     pct = lambda v: "–" if v is None else f"{100 * v:.2f}"  # noqa: E731
     for r in rows:
         s = r["summary"]
-        out.append(f"| {r['rung']} | {r['labels']} | {r['method']} | "
-                   f"{pct(s['final_test_accuracy'])} | {pct(s.get('selected_test_accuracy'))} | "
-                   f"{s['final_top_class_share']:.2f} / {late(r['run_dir']):.2f} | "
-                   f"{pct(r['pl_accuracy'])} | {'yes' if s['collapsed'] else 'no'} |")
+        out.append(
+            f"| {r['rung']} | {r['labels']} | {r['method']} | "
+            f"{pct(s['final_test_accuracy'])} | {pct(s.get('selected_test_accuracy'))} | "
+            f"{s['final_top_class_share']:.2f} / {late(r['run_dir']):.2f} | "
+            f"{pct(r['pl_accuracy'])} | {'yes' if s['collapsed'] else 'no'} |"
+        )
     return "\n".join(out)
 
 
@@ -97,8 +126,11 @@ def late(run_dir: Path) -> float:
 def pseudo_label_accuracy(run_dir: Path) -> float | None:
     """Mean over rounds of the pooled accuracy of the round's confident pseudo-labels."""
     rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    vals = [r["pseudo_label_accuracy_pooled"] for r in rounds
-            if r.get("pseudo_label_accuracy_pooled") is not None]
+    vals = [
+        r["pseudo_label_accuracy_pooled"]
+        for r in rounds
+        if r.get("pseudo_label_accuracy_pooled") is not None
+    ]
     return sum(vals) / len(vals) if vals else None
 
 
@@ -107,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/ladder")
     ap.add_argument("--rungs", default="central,iid,dir0.3,dir0.1,protocol")
     ap.add_argument("--labels", default="100,40", help="label counts of the central rung")
-    ap.add_argument("--modes", default="minibatch",
-                    help="training modes of the central rung: minibatch, fullbatch")
+    ap.add_argument(
+        "--modes",
+        default="minibatch",
+        help="training modes of the central rung: minibatch, fullbatch",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
@@ -119,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     from .sweep import complete
 
     try:
-        runs = plan(args.rungs.split(","), [int(n) for n in args.labels.split(",")],
-                    args.modes.split(","))
+        runs = plan(
+            args.rungs.split(","), [int(n) for n in args.labels.split(",")], args.modes.split(",")
+        )
         for mode in args.modes.split(","):
             if mode not in MODES:
                 raise ValueError(f"unknown mode '{mode}': choose {', '.join(MODES)}")
@@ -132,17 +168,24 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(runs, 1):
         run_dir = out / r["dir"]
         if not complete(run_dir):
-            print(f"[ladder] {i}/{len(runs)} {r['rung']}, {r['labels']} labels, {r['method']}",
-                  flush=True)
+            print(
+                f"[ladder] {i}/{len(runs)} {r['rung']}, {r['labels']} labels, {r['method']}",
+                flush=True,
+            )
             rc = parse_run_config(f"{r['run_config']} seed={args.seed} output-dir='{run_dir}'")
             try:
                 run_in_process(rc)
             except ConfigError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
-        done.append({**r, "run_dir": run_dir,
-                     "summary": json.loads((run_dir / "summary.json").read_text()),
-                     "pl_accuracy": pseudo_label_accuracy(run_dir)})
+        done.append(
+            {
+                **r,
+                "run_dir": run_dir,
+                "summary": json.loads((run_dir / "summary.json").read_text()),
+                "pl_accuracy": pseudo_label_accuracy(run_dir),
+            }
+        )
     text = table(done)
     (out / "ladder.md").write_text(text + "\n")
     print(text)

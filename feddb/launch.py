@@ -22,9 +22,10 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
+
+import tomllib
 
 from .resources import RayHead, free_port, mps, ray_head
 
@@ -58,6 +59,7 @@ def absolute_paths(values: dict) -> dict:
 
 def format_run_config(values: dict) -> str:
     """Back to Flower's `k1=v1 k2=v2` form (TOML values; strings as literal strings)."""
+
     def value(v):
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -80,13 +82,14 @@ def superlink_pids(port: int) -> list[int]:
     mine = (str(port).encode(), f":{port}".encode())
     for pid, _ in live_processes():
         cmd = cmdline(pid)
-        if (any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES)
-                and any(c == mine[0] or c.endswith(mine[1]) for c in cmd)):
+        if any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES) and any(
+            c == mine[0] or c.endswith(mine[1]) for c in cmd
+        ):
             pids.append(pid)
     return pids
 
 
-SKIP_DIRS = (".git", ".venv", ".flwr", "__pycache__")    # never in a FAB (Flower's rules)
+SKIP_DIRS = (".git", ".venv", ".flwr", "__pycache__")  # never in a FAB (Flower's rules)
 
 
 def lean_app(app: Path, stage: Path) -> Path:
@@ -98,16 +101,22 @@ def lean_app(app: Path, stage: Path) -> Path:
     from pathspec import PathSpec
 
     ignore = app / ".gitignore"
-    spec = PathSpec.from_lines("gitignore", ignore.read_text().splitlines()
-                               if ignore.is_file() else [])
+    spec = PathSpec.from_lines(
+        "gitignore", ignore.read_text().splitlines() if ignore.is_file() else []
+    )
     for root, dirs, files in os.walk(app):
         rel = Path(root).relative_to(app)
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not spec.match_file(
-            (rel / d).as_posix() + "/") and not (Path(root) / d).is_symlink()]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in SKIP_DIRS
+            and not spec.match_file((rel / d).as_posix() + "/")
+            and not (Path(root) / d).is_symlink()
+        ]
         (stage / rel).mkdir(parents=True, exist_ok=True)
         for name in files:
             src = Path(root) / name
-            if not src.is_symlink():          # Flower skips symlinks too
+            if not src.is_symlink():  # Flower skips symlinks too
                 shutil.copyfile(src, stage / rel / name)
     return stage
 
@@ -119,12 +128,15 @@ def flwr_exe() -> str:
 
 
 def flwr(args: list[str], env: dict, capture: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([flwr_exe(), *args], cwd=PROJECT, env=env, text=True,
-                          capture_output=capture, check=False)
+    return subprocess.run(
+        [flwr_exe(), *args], cwd=PROJECT, env=env, text=True, capture_output=capture, check=False
+    )
 
 
-ROUND = re.compile(r"\[feddb\] round +(\d+)/(\d+) +test acc ([0-9.]+)(?:.*val acc ([0-9.]+))?"
-                   r".*eta (\S+)")
+ROUND = re.compile(
+    r"\[feddb\] round +(\d+)/(\d+) +test acc ([0-9.]+)(?:.*val acc ([0-9.]+))?"
+    r".*eta (\S+)"
+)
 KEEP = ("[feddb]", "Traceback", "Error", "error:", "Exception")
 # Ray lines that KEEP would show (they say "RpcError") but that report no failure: with Ray
 # installed without its dashboard extra (`ray[default]`, not a dependency here), the dashboard
@@ -134,7 +146,8 @@ KEEP = ("[feddb]", "Traceback", "Error", "error:", "Exception")
 RAY_BENIGN = re.compile(
     r"\((?:gcs_server|raylet)\) \w+\.cc:\d+: Failed to establish connection to the "
     r"(?:event\+)?metrics exporter agent\. (?:Events and metrics|Metrics) will not be exported\. "
-    r"Exporter agent status: RpcError: Running out of retries to initialize the metrics agent\.")
+    r"Exporter agent status: RpcError: Running out of retries to initialize the metrics agent\."
+)
 
 
 def shown(line: str) -> bool:
@@ -151,16 +164,24 @@ def progress_bar(line: str, width: int = 24) -> str | None:
     t, n = int(m.group(1)), int(m.group(2))
     fill = round(width * t / max(n, 1))
     val = f"  val {100 * float(m.group(4)):.1f} %" if m.group(4) else ""
-    return (f"[{'#' * fill}{'-' * (width - fill)}] round {t}/{n}  test "
-            f"{100 * float(m.group(3)):.1f} %{val}  eta {m.group(5)}")
+    return (
+        f"[{'#' * fill}{'-' * (width - fill)}] round {t}/{n}  test "
+        f"{100 * float(m.group(3)):.1f} %{val}  eta {m.group(5)}"
+    )
 
 
 def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
     """Stream the run's log: everything with --verbose; otherwise the project's own lines (and
     errors), the rounds as one progress bar on a terminal and as lines elsewhere. The `flwr log`
     process goes into `procs`, to be stopped before the SuperLink (else it starts a new one)."""
-    proc = subprocess.Popen([flwr_exe(), "log", str(run_id), "--stream"], cwd=PROJECT, env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [flwr_exe(), "log", str(run_id), "--stream"],
+        cwd=PROJECT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     procs.append(proc)
     tty, bar_open = sys.stdout.isatty(), False
     assert proc.stdout is not None
@@ -179,7 +200,7 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
         if bar_open:
             print()
             bar_open = False
-        print(line[line.find("[feddb]"):] if "[feddb]" in line else line, flush=True)
+        print(line[line.find("[feddb]") :] if "[feddb]" in line else line, flush=True)
     if bar_open:
         print()
     proc.wait()
@@ -187,22 +208,39 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\"")
+    ap.add_argument(
+        "--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\""
+    )
     ap.add_argument("--cpus-per-client", type=int, default=1)
-    ap.add_argument("--gpus-per-client", default="0",
-                    help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
-                         "time), or auto: measured from one client round's peak GPU memory")
-    ap.add_argument("--mps", action="store_true",
-                    help="run NVIDIA's Multi-Process Service for the run, so that clients sharing "
-                         "a GPU run their kernels at once (started and stopped unless running)")
+    ap.add_argument(
+        "--gpus-per-client",
+        default="0",
+        help="GPU share per simulated client, e.g. 0.25 (4 clients per GPU at a "
+        "time), or auto: measured from one client round's peak GPU memory",
+    )
+    ap.add_argument(
+        "--mps",
+        action="store_true",
+        help="run NVIDIA's Multi-Process Service for the run, so that clients sharing "
+        "a GPU run their kernels at once (started and stopped unless running)",
+    )
     ap.add_argument("--federation-config", default="", help="extra Flower federation config")
-    ap.add_argument("--verbose", action="store_true",
-                    help="show Flower's and Ray's own log lines (hidden by default)")
-    ap.add_argument("--ray-address", default="",
-                    help="attach the simulation to an existing Ray cluster (head's HOST:PORT)")
-    ap.add_argument("--flower-ray", action="store_true",
-                    help="let Flower's simulation start Ray itself, as plain `flwr run` does, "
-                         "instead of a Ray head started at once beside the SuperLink (slower)")
+    ap.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Flower's and Ray's own log lines (hidden by default)",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default="",
+        help="attach the simulation to an existing Ray cluster (head's HOST:PORT)",
+    )
+    ap.add_argument(
+        "--flower-ray",
+        action="store_true",
+        help="let Flower's simulation start Ray itself, as plain `flwr run` does, "
+        "instead of a Ray head started at once beside the SuperLink (slower)",
+    )
     args = ap.parse_args(argv)
     # SIGTERM (a sweep or a job system stopping this run) unwinds like Ctrl-C: the SuperLink and
     # the Ray head started here are stopped on the way out, not left behind
@@ -219,8 +257,8 @@ def launch(args: argparse.Namespace, head: RayHead | None) -> int:
     # the start-up timeline (run_dir/startup.json) counts from this launcher's start
     os.environ["FEDDB_LAUNCH_TIME"] = str(process_start() or time.time())
     from fssl.config import ConfigError
-    from server_app.config import resolve
     from fssl.data import DataError, load_dataset
+    from server_app.config import resolve
 
     try:
         run_config = absolute_paths(parse_run_config(args.run_config))
@@ -237,16 +275,21 @@ def launch(args: argparse.Namespace, head: RayHead | None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    fed = {"num-supernodes": cfg["fl"]["num_clients"],
-           "client-resources-num-cpus": args.cpus_per_client}
+    fed = {
+        "num-supernodes": cfg["fl"]["num_clients"],
+        "client-resources-num-cpus": args.cpus_per_client,
+    }
     if gpus > 0:
         fed["client-resources-num-gpus"] = gpus
-    for item in args.federation_config.split():                # user values win
+    for item in args.federation_config.split():  # user values win
         key, _, value = item.partition("=")
         fed[key] = value
     if head is not None and head.failure():
-        print(f"[launch] warning: {head.failure()}\n[launch] Flower's simulation starts Ray itself "
-              "instead", flush=True)
+        print(
+            f"[launch] warning: {head.failure()}\n[launch] Flower's simulation starts Ray itself "
+            "instead",
+            flush=True,
+        )
         head = None
     ray_address = args.ray_address or (head.address if head else "")
     env = {"RAY_ADDRESS": ray_address} if ray_address else {}
@@ -256,28 +299,40 @@ def launch(args: argparse.Namespace, head: RayHead | None) -> int:
         with mps(args.mps) as line:
             if line:
                 print(f"[launch] {line}", flush=True)
-            return flwr_run(PROJECT, fed, format_run_config(run_config) if run_config else "",
-                            env, args.verbose, watch=head.watch if head else None)
+            return flwr_run(
+                PROJECT,
+                fed,
+                format_run_config(run_config) if run_config else "",
+                env,
+                args.verbose,
+                watch=head.watch if head else None,
+            )
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
-def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None = None,
-             verbose: bool = False, show: bool = True,
-             watch: Callable[[], str | None] | None = None) -> int:
+def flwr_run(
+    app: Path,
+    fed: dict,
+    run_config: str = "",
+    env_extra: dict | None = None,
+    verbose: bool = False,
+    show: bool = True,
+    watch: Callable[[], str | None] | None = None,
+) -> int:
     """`flwr run app` on a local simulation federation with its own FLWR_HOME default, free
     ports and no runtime dependency installation; follows the log (if `show`), checks that the
     run finished as completed and stops the SuperLink it started. 0 on success. `watch` says
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
-    export_commit()                            # the installed app cannot see the checkout's git
+    export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")   # picks the run up at once, not
-                                                                  # within Flower's default 1 s
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")  # picks the run up at once, not
+    # within Flower's default 1 s
     http_port, control_port = free_port(), free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
@@ -285,28 +340,40 @@ def flwr_run(app: Path, fed: dict, run_config: str = "", env_extra: dict | None 
     fed_text = " ".join(f"{k}={v}" for k, v in fed.items())
     stage = tempfile.TemporaryDirectory(prefix="feddb-app-")
     done, followers = threading.Event(), []
-    cmd = ["run", str(lean_app(app, Path(stage.name))), "--format", "json",
-           "--federation-config", fed_text]
+    cmd = [
+        "run",
+        str(lean_app(app, Path(stage.name))),
+        "--format",
+        "json",
+        "--federation-config",
+        fed_text,
+    ]
     if run_config:
         cmd += ["--run-config", run_config]
     try:
         started = flwr(cmd, env, capture=True)
-        stage.cleanup()                        # the SuperLink holds the FAB now
+        stage.cleanup()  # the SuperLink holds the FAB now
         try:
-            run_id = json.loads(started.stdout[started.stdout.find("{"):])["run-id"]
+            run_id = json.loads(started.stdout[started.stdout.find("{") :])["run-id"]
         except (ValueError, KeyError):
-            print(f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
-                  file=sys.stderr)
+            print(
+                f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
+                file=sys.stderr,
+            )
             return 1
         if watch is not None:
-            threading.Thread(target=watchdog, args=(watch, done, http_port, followers),
-                             daemon=True).start()
+            threading.Thread(
+                target=watchdog, args=(watch, done, http_port, followers), daemon=True
+            ).start()
         if show:
             follow_log(run_id, env, verbose, followers)
         status = wait_for(run_id, env, follow=not show)
         if status.get("status") != "finished:completed":
-            print(f"error: run {run_id} ended as {status.get('status')}: "
-                  f"{status.get('status-details', '')}", file=sys.stderr)
+            print(
+                f"error: run {run_id} ended as {status.get('status')}: "
+                f"{status.get('status-details', '')}",
+                file=sys.stderr,
+            )
             return 1
         if show:
             print(f"run {run_id}: {status['status']}")
@@ -331,9 +398,14 @@ def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
     stop(superlink_pids(http_port))
 
 
-def flwr_run_with_ray_head(app: Path, fed: dict, run_config: str = "",
-                           env_extra: dict | None = None, use_head: bool = True,
-                           **kwargs) -> int:
+def flwr_run_with_ray_head(
+    app: Path,
+    fed: dict,
+    run_config: str = "",
+    env_extra: dict | None = None,
+    use_head: bool = True,
+    **kwargs,
+) -> int:
     """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks);
     `use_head=False`: Flower starts Ray itself, as with `feddb run --flower-ray`."""
     with ray_head(use_head) as head:
@@ -341,14 +413,22 @@ def flwr_run_with_ray_head(app: Path, fed: dict, run_config: str = "",
         return flwr_run(app, fed, run_config, env, watch=head.watch if head else None, **kwargs)
 
 
-def watchdog(watch: Callable[[], str | None], done: threading.Event, http_port: int,
-             followers: list[subprocess.Popen]) -> None:
+def watchdog(
+    watch: Callable[[], str | None],
+    done: threading.Event,
+    http_port: int,
+    followers: list[subprocess.Popen],
+) -> None:
     """Stop the run (so that it ends) as soon as `watch` reports a failure."""
     while not done.wait(0.5):
         failure = watch()
         if failure:
-            print(f"error: {failure}\nerror: the run cannot go on without it; run again with "
-                  "--flower-ray to let Flower start Ray itself", file=sys.stderr, flush=True)
+            print(
+                f"error: {failure}\nerror: the run cannot go on without it; run again with "
+                "--flower-ray to let Flower start Ray itself",
+                file=sys.stderr,
+                flush=True,
+            )
             stop_run(http_port, followers)
             return
 
@@ -358,7 +438,7 @@ def wait_for(run_id: int, env: dict, follow: bool) -> dict:
     while True:
         listed = flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, capture=True)
         try:
-            run = json.loads(listed.stdout[listed.stdout.find("{"):])["runs"][0]
+            run = json.loads(listed.stdout[listed.stdout.find("{") :])["runs"][0]
         except (ValueError, KeyError, IndexError):
             return {"status": "unknown", "status-details": listed.stdout[-500:]}
         if not follow or str(run.get("status", "")).startswith("finished"):

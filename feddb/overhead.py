@@ -41,7 +41,7 @@ from .launch import PROJECT, flwr_run_with_ray_head
 sys.path.insert(0, str(PROJECT))
 
 NODES, PER_ROUND = 20, 10
-SKIP = 2                        # rounds left out of the means: Ray workers start, caches fill
+SKIP = 2  # rounds left out of the means: Ray workers start, caches fill
 
 FLOOR_APP = '''
 """Flower's floor: the arrays go to {per_round} nodes a round and come back unchanged."""
@@ -84,7 +84,7 @@ def main(grid: Grid, context: Context) -> None:
         json.dump(seconds, f)
 '''
 
-FLOOR_PYPROJECT = '''
+FLOOR_PYPROJECT = """
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -108,13 +108,13 @@ clientapp = "floorapp:client"
 rounds = 10
 shapes = ""
 out = ""
-'''
+"""
 
 
 def model_shapes() -> dict[str, list[int]]:
     """The shapes of the default model's state (the arrays every message carries)."""
-    from server_app.config import compose
     from fssl.methods import make_model
+    from server_app.config import compose
 
     cfg = compose([])
     model = make_model(cfg, 10, 1)
@@ -128,7 +128,7 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) 
     (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
     (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=NODES, per_round=PER_ROUND))
     out = tmp / "floor.json"
-    rc = (f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'")
+    rc = f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'"
     fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
     env = {"FLWR_HOME": str(tmp / "flwr-home-floor")}
     if flwr_run_with_ray_head(app, fed, rc, env, use_head, show=False) != 0:
@@ -140,17 +140,24 @@ def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) 
 DEFENCES = "server.robust.scope=always"
 
 
-def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,
-            eval_every: int = 1, defences: bool = False) -> list[dict]:
+def project(
+    rounds: int,
+    tmp: Path,
+    profile: Path | None,
+    use_head: bool,
+    eval_every: int = 1,
+    defences: bool = False,
+) -> list[dict]:
     """metrics.jsonl records of the project's null-trainer run."""
     out = tmp / "project"
-    overrides = (f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
-                 f" eval.every={eval_every}" + (" " + DEFENCES if defences else ""))
+    overrides = (
+        f"train.local_epochs=0 fl.num_clients={NODES} fl.fraction_train={PER_ROUND / NODES}"
+        f" eval.every={eval_every}" + (" " + DEFENCES if defences else "")
+    )
     from fssl.data import embedded_candidates
 
-    data = next(str(c) for c in embedded_candidates() if c.is_file())   # the FAB carries no .npz
-    rc = (f"num-server-rounds={rounds} output-dir='{out}' data-path='{data}' "
-          f"overrides='{overrides}'")
+    data = next(str(c) for c in embedded_candidates() if c.is_file())  # the FAB carries no .npz
+    rc = f"num-server-rounds={rounds} output-dir='{out}' data-path='{data}' overrides='{overrides}'"
     env = {"FLWR_HOME": str(tmp / "flwr-home-project")}
     if profile is not None:
         env["FEDDB_PROFILE"] = str(profile)
@@ -163,20 +170,41 @@ def project(rounds: int, tmp: Path, profile: Path | None, use_head: bool,
 def split(records: list[dict], workers: int) -> dict[str, float]:
     """Mean seconds per round of the project's parts (after the first SKIP rounds)."""
     recs = records[SKIP:]
-    mean = lambda f: float(np.mean([f(r) for r in recs]))         # noqa: E731
+    mean = lambda f: float(np.mean([f(r) for r in recs]))  # noqa: E731
     clients = lambda key: mean(lambda r: sum(c.get(key) or 0.0 for c in r["clients"]))  # noqa: E731
-    part = {k: mean(lambda r, k=k: r["timing"].get(k, 0.0))
-            for k in ("configure", "communicate", "aggregate", "evaluate",
-                      "record_previous_round", "checkpoint_previous_round", "loss_check")}
-    part.update({"round": mean(lambda r: r["round_seconds"]),
-                 "client_setup_sum": clients("setup_seconds"),
-                 "client_pass_sum": clients("train_seconds"),
-                 "client_reply_sum": clients("reply_seconds"), "workers": workers})
+    part = {
+        k: mean(lambda r, k=k: r["timing"].get(k, 0.0))
+        for k in (
+            "configure",
+            "communicate",
+            "aggregate",
+            "evaluate",
+            "record_previous_round",
+            "checkpoint_previous_round",
+            "loss_check",
+        )
+    }
+    part.update(
+        {
+            "round": mean(lambda r: r["round_seconds"]),
+            "client_setup_sum": clients("setup_seconds"),
+            "client_pass_sum": clients("train_seconds"),
+            "client_reply_sum": clients("reply_seconds"),
+            "workers": workers,
+        }
+    )
     part["client_pass_critical"] = part["client_pass_sum"] / workers
     part["overhead"] = part["round"] - part["client_pass_critical"]
-    part["server_work"] = sum(part[k] for k in ("configure", "aggregate", "evaluate",
-                                                "record_previous_round",
-                                                "checkpoint_previous_round"))
+    part["server_work"] = sum(
+        part[k]
+        for k in (
+            "configure",
+            "aggregate",
+            "evaluate",
+            "record_previous_round",
+            "checkpoint_previous_round",
+        )
+    )
     return part
 
 
@@ -190,23 +218,26 @@ def top_functions(profile: Path, n: int = 12) -> dict[str, list[str]]:
         stats = pstats.Stats(files[0])
         for f in files[1:]:
             stats.add(f)
-        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:n]   # (cc, nc, tt, ct, _)
-        out[side] = [f"{tt:7.2f} s own {ct:7.2f} s total  {Path(fn).name}:{line} {name}"
-                     for (fn, line, name), (_, _, tt, ct, _) in rows]
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:n]  # (cc, nc, tt, ct, _)
+        out[side] = [
+            f"{tt:7.2f} s own {ct:7.2f} s total  {Path(fn).name}:{line} {name}"
+            for (fn, line, name), (_, _, tt, ct, _) in rows
+        ]
     return out
 
 
-def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
-                        repeats: int = 7) -> tuple[list[float], dict]:
+def aggregation_seconds(
+    overrides: list[str], clients: int = PER_ROUND, repeats: int = 7
+) -> tuple[list[float], dict]:
     """Seconds of the server's work while a round's clients wait (DMA's weights, then the update
     with a deployment's defences: norm bound, agreement filter, momentum) on `clients` synthetic
     updates of the configured model, `repeats` times after one warm-up; and the last round's
     `robust` record. No Flower: the strategy's own methods, as a ServerApp calls them."""
     import torch
 
-    from server_app.config import compose
     from fssl.methods import make_model
     from server_app.app import cores
+    from server_app.config import compose
     from strategy import ServerSetup, make_strategy
 
     cfg = compose(overrides)
@@ -216,15 +247,22 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
     state = make_model(cfg, 10, channels).state_dict()
     g = {k: v.numpy().copy() for k, v in state.items()}
     rng = np.random.default_rng(0)
-    updates = [{k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
-                if v.dtype.kind == "f" else v for k, v in g.items()} for _ in range(clients)]
+    updates = [
+        {
+            k: (v + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
+            if v.dtype.kind == "f"
+            else v
+            for k, v in g.items()
+        }
+        for _ in range(clients)
+    ]
     replies = [{"app_u": a} for a in rng.dirichlet(np.full(10, 0.3), size=clients)]
     strategy = make_strategy(cfg, 10, ServerSetup(workers=cores()))
     seconds = []
     for _ in range(repeats + 1):
         strategy.global_arrays, strategy.momentum_buffer = g, {}
         t0 = time.perf_counter()
-        weights, _ = strategy.aggregation_weights(replies)        # DMA, as after the warm-up
+        weights, _ = strategy.aggregation_weights(replies)  # DMA, as after the warm-up
         strategy.server_update(updates, weights)
         seconds.append(time.perf_counter() - t0)
     return seconds[1:], strategy.round_record.robust or {}
@@ -233,20 +271,40 @@ def aggregation_seconds(overrides: list[str], clients: int = PER_ROUND,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--profile", action="store_true",
-                    help="cProfile the ServerApp and every ClientApp call; print the top items")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the ServerApp and every ClientApp call; print the top items",
+    )
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--flower-ray", action="store_true",
-                    help="let Flower start Ray in each run instead of the launcher's Ray head")
-    ap.add_argument("--eval-every", type=int, default=1, metavar="N",
-                    help="the project's eval.every: central evaluation every N rounds (default 1)")
-    ap.add_argument("--defences", action="store_true",
-                    help="with the defences, defaults only on SuperNodes (a deployment's server "
-                         f"work: norm bound, agreement filter, loss check, DMA cap): {DEFENCES}")
-    ap.add_argument("--aggregation", action="store_true",
-                    help="only time the server's aggregation of synthetic updates (no Flower)")
-    ap.add_argument("--experiment", help="with --aggregation: an experiment preset for the "
-                    "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN")
+    ap.add_argument(
+        "--flower-ray",
+        action="store_true",
+        help="let Flower start Ray in each run instead of the launcher's Ray head",
+    )
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the project's eval.every: central evaluation every N rounds (default 1)",
+    )
+    ap.add_argument(
+        "--defences",
+        action="store_true",
+        help="with the defences, defaults only on SuperNodes (a deployment's server "
+        f"work: norm bound, agreement filter, loss check, DMA cap): {DEFENCES}",
+    )
+    ap.add_argument(
+        "--aggregation",
+        action="store_true",
+        help="only time the server's aggregation of synthetic updates (no Flower)",
+    )
+    ap.add_argument(
+        "--experiment",
+        help="with --aggregation: an experiment preset for the "
+        "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN",
+    )
     args = ap.parse_args(argv)
     if args.experiment and not args.aggregation:
         ap.error("--experiment goes with --aggregation (the simulations use the default CNN)")
@@ -258,20 +316,23 @@ def main(argv: list[str] | None = None) -> int:
             seconds, _ = aggregation_seconds(overrides)
         except ConfigError as err:
             ap.error(str(err))
-        print(f"server aggregation of {PER_ROUND} synthetic updates "
-              f"({args.experiment or 'the default CNN'}; DMA, norm bound, agreement filter, "
-              f"momentum): median {np.median(seconds) * 1000:.0f} ms, min "
-              f"{min(seconds) * 1000:.0f} ms over {len(seconds)} repeats")
+        print(
+            f"server aggregation of {PER_ROUND} synthetic updates "
+            f"({args.experiment or 'the default CNN'}; DMA, norm bound, agreement filter, "
+            f"momentum): median {np.median(seconds) * 1000:.0f} ms, min "
+            f"{min(seconds) * 1000:.0f} ms over {len(seconds)} repeats"
+        )
         return 0
-    workers = min(PER_ROUND, os.cpu_count() or 1)     # one CPU per client: clients at a time
+    workers = min(PER_ROUND, os.cpu_count() or 1)  # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         profile = tmp / "profile" if args.profile else None
         if profile is not None:
             profile.mkdir()
         t0 = time.perf_counter()
-        records = project(args.rounds, tmp, profile, not args.flower_ray, args.eval_every,
-                          args.defences)
+        records = project(
+            args.rounds, tmp, profile, not args.flower_ray, args.eval_every, args.defences
+        )
         t_project = time.perf_counter() - t0
         t0 = time.perf_counter()
         shapes = model_shapes()
@@ -280,40 +341,56 @@ def main(argv: list[str] | None = None) -> int:
         tops = top_functions(profile) if profile is not None else {}
     p = split(records, workers)
     fl = float(np.mean(floor_seconds[SKIP:]))
-    rows = [("round (null trainer), wall", p["round"]),
-            ("  clients' own pass for APP-U (sum / clients at a time)", p["client_pass_critical"]),
-            ("  **overhead** = round - that pass", p["overhead"]),
-            ("server's own work, overlapping the clients' (next round's instructions go out "
-             "first)", p["server_work"]),
-            ("  configure (instructions)", p["configure"]),
-            ("  aggregation (DMA, defences" + ("" if args.defences else " off")
-             + ", momentum)", p["aggregate"]),
-            ("    of which the loss check (m + 1 evaluations of 500 validation images)",
-             p["loss_check"]),
-            (f"  central evaluation (test + validation), every {args.eval_every} round(s)",
-             p["evaluate"]),
-            ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
-            ("  checkpoint", p["checkpoint_previous_round"]),
-            ("server waiting for replies after its own work", p["communicate"]),
-            ("clients' set-up (config, model, received state, data), sum",
-             p["client_setup_sum"]),
-            ("clients' reply arrays, sum", p["client_reply_sum"]),
-            ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl)]
+    rows = [
+        ("round (null trainer), wall", p["round"]),
+        ("  clients' own pass for APP-U (sum / clients at a time)", p["client_pass_critical"]),
+        ("  **overhead** = round - that pass", p["overhead"]),
+        (
+            "server's own work, overlapping the clients' (next round's instructions go out first)",
+            p["server_work"],
+        ),
+        ("  configure (instructions)", p["configure"]),
+        (
+            "  aggregation (DMA, defences" + ("" if args.defences else " off") + ", momentum)",
+            p["aggregate"],
+        ),
+        (
+            "    of which the loss check (m + 1 evaluations of 500 validation images)",
+            p["loss_check"],
+        ),
+        (
+            f"  central evaluation (test + validation), every {args.eval_every} round(s)",
+            p["evaluate"],
+        ),
+        ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
+        ("  checkpoint", p["checkpoint_previous_round"]),
+        ("server waiting for replies after its own work", p["communicate"]),
+        ("clients' set-up (config, model, received state, data), sum", p["client_setup_sum"]),
+        ("clients' reply arrays, sum", p["client_reply_sum"]),
+        ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl),
+    ]
     values = sum(int(np.prod(s)) for s in shapes.values())
-    print(f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
-          f"at a time; means over rounds {SKIP + 1}-{args.rounds}\n")
+    print(
+        f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
+        f"at a time; means over rounds {SKIP + 1}-{args.rounds}\n"
+    )
     print("| part | seconds per round |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value:.3f} |")
-    print(f"\noverhead / floor: {p['overhead'] / fl:.2f}x; whole runs: project {t_project:.0f} s, "
-          f"floor {t_floor:.0f} s (start-up included)")
+    print(
+        f"\noverhead / floor: {p['overhead'] / fl:.2f}x; whole runs: project {t_project:.0f} s, "
+        f"floor {t_floor:.0f} s (start-up included)"
+    )
     for side, lines in tops.items():
         print(f"\ntop {side} functions by own time (cProfile, all rounds):")
         print("\n".join("  " + line for line in lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"project": p, "floor_round": fl,
-                                               "floor_rounds": floor_seconds, "top": tops},
-                                              indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {"project": p, "floor_round": fl, "floor_rounds": floor_seconds, "top": tops},
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -36,10 +36,26 @@ import yaml
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
 
-NAMES = {"fedavg": "FedAvg", "fixmatch": "FixMatch", "fedmatch": "FedMatch", "fedrgd": "FedRGD",
-         "semifl": "SemiFL", "feddb": "FedDB"}
-ORDER = ["FedAvg", "FixMatch", "FedMatch", "FedRGD", "SemiFL", "FixMatch-FedDPL",
-         "FedMatch-FedDPL", "FedRGD-FedDPL", "SemiFL-FedDPL", "FedDB"]
+NAMES = {
+    "fedavg": "FedAvg",
+    "fixmatch": "FixMatch",
+    "fedmatch": "FedMatch",
+    "fedrgd": "FedRGD",
+    "semifl": "SemiFL",
+    "feddb": "FedDB",
+}
+ORDER = [
+    "FedAvg",
+    "FixMatch",
+    "FedMatch",
+    "FedRGD",
+    "SemiFL",
+    "FixMatch-FedDPL",
+    "FedMatch-FedDPL",
+    "FedRGD-FedDPL",
+    "SemiFL-FedDPL",
+    "FedDB",
+]
 
 
 STRATEGY_NAMES = {"method": "the method's own (project)", **FLOWER}
@@ -48,8 +64,11 @@ STRATEGY_NAMES = {"method": "the method's own (project)", **FLOWER}
 def strategy_label(cfg: dict[str, Any]) -> str:
     """The server strategy of a run (`strategy=`): the project's own, Flower's, or a user's."""
     s = cfg.get("strategy") or {"name": "method"}
-    return (f"custom {s.get('target')}" if s["name"] == "custom"
-            else STRATEGY_NAMES.get(s["name"], s["name"]))
+    return (
+        f"custom {s.get('target')}"
+        if s["name"] == "custom"
+        else STRATEGY_NAMES.get(s["name"], s["name"])
+    )
 
 
 def variant(cfg: dict[str, Any]) -> str:
@@ -107,17 +126,22 @@ def dataset_order(names) -> list[str]:
 
 def setting_order(settings) -> list[str]:
     """Per dataset (paper order), IID then decreasing delta."""
+
     def key(s: str):
         name, _, part = s.rpartition(" ")
         return dataset_rank(name), partition_rank(part)
+
     return sorted(set(settings), key=key)
 
 
 def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
     m = cfg["method"]
-    if m.get("trainer") != "fixmatch" or m.get("strategy", "fedavg") != "fedavg" or \
-            m.get("pseudo_labels", "round") != "round":
+    if (
+        m.get("trainer") != "fixmatch"
+        or m.get("strategy", "fedavg") != "fedavg"
+        or m.get("pseudo_labels", "round") != "round"
+    ):
         return None
     return bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
 
@@ -135,22 +159,35 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
             if not rounds:
                 continue
             summary = run_summary(rounds)
-            pooled = [x["pseudo_label_accuracy_pooled"] for x in rounds
-                      if x.get("pseudo_label_accuracy_pooled") is not None]
-            runs.append({"dir": run_dir, "cfg": cfg, "rounds": rounds, "variant": variant(cfg),
-                         "local": local_variant(cfg), "strategy": strategy_label(cfg),
-                         "setting": setting(cfg), "dataset": cfg["dataset"]["name"],
-                         "partition": partition_label(cfg), "seed": cfg["seed"],
-                         "best": summary["best_test_accuracy"],
-                         "final": summary["final_test_accuracy"],
-                         # test accuracy at the best-validation round (final if no validation)
-                         "selected": summary["selected_test_accuracy"]
-                         if summary["selected_test_accuracy"] is not None
-                         else summary["final_test_accuracy"],
-                         "collapsed": summary["collapsed"],
-                         "max_top_class_share": summary["max_top_class_share_late"],
-                         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
-                         "complete": rounds[-1]["round"] >= cfg["num_rounds"]})
+            pooled = [
+                x["pseudo_label_accuracy_pooled"]
+                for x in rounds
+                if x.get("pseudo_label_accuracy_pooled") is not None
+            ]
+            runs.append(
+                {
+                    "dir": run_dir,
+                    "cfg": cfg,
+                    "rounds": rounds,
+                    "variant": variant(cfg),
+                    "local": local_variant(cfg),
+                    "strategy": strategy_label(cfg),
+                    "setting": setting(cfg),
+                    "dataset": cfg["dataset"]["name"],
+                    "partition": partition_label(cfg),
+                    "seed": cfg["seed"],
+                    "best": summary["best_test_accuracy"],
+                    "final": summary["final_test_accuracy"],
+                    # test accuracy at the best-validation round (final if no validation)
+                    "selected": summary["selected_test_accuracy"]
+                    if summary["selected_test_accuracy"] is not None
+                    else summary["final_test_accuracy"],
+                    "collapsed": summary["collapsed"],
+                    "max_top_class_share": summary["max_top_class_share_late"],
+                    "pl_accuracy": float(np.mean(pooled)) if pooled else None,
+                    "complete": rounds[-1]["round"] >= cfg["num_rounds"],
+                }
+            )
     return runs
 
 
@@ -166,8 +203,11 @@ def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
     if not values:
         return "–"
     m, s = mean_std([100 * v for v in values])
-    return (f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + ("" if complete else "*")
-            + (f" †{collapsed}" if collapsed else ""))
+    return (
+        f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})"
+        + ("" if complete else "*")
+        + (f" †{collapsed}" if collapsed else "")
+    )
 
 
 def interval95(diffs: list[float]) -> tuple[float, float, float]:
@@ -183,8 +223,14 @@ def interval95(diffs: list[float]) -> tuple[float, float, float]:
 
 
 # paired comparisons: (variant, reference); X-FedDPL − X for every X is added
-PAIRS = [("FixMatch", "FedAvg"), ("FixMatch-FedDPL", "FedAvg"), ("FedDB", "FedAvg"),
-         ("FedDB", "FixMatch-FedDPL"), ("FedDB w/o DPL", "FixMatch"), ("FedDB", "FixMatch")]
+PAIRS = [
+    ("FixMatch", "FedAvg"),
+    ("FixMatch-FedDPL", "FedAvg"),
+    ("FedDB", "FedAvg"),
+    ("FedDB", "FixMatch-FedDPL"),
+    ("FedDB w/o DPL", "FixMatch"),
+    ("FedDB", "FixMatch"),
+]
 
 
 def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any]]:
@@ -201,27 +247,51 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
                 continue
             ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
             seeds = sorted(set(ra) & set(rb))
-            vals = [(ra[s][key], rb[s][key]) for s in seeds
-                    if ra[s][key] is not None and rb[s][key] is not None]
+            vals = [
+                (ra[s][key], rb[s][key])
+                for s in seeds
+                if ra[s][key] is not None and rb[s][key] is not None
+            ]
             if not vals:
                 continue
             diffs = [100 * (x - y) for x, y in vals]
             m, lo, hi = interval95(diffs)
-            out.append({"setting": sett, "a": a, "b": b, "seeds": len(vals), "diffs": diffs,
-                        "mean": m, "low": lo, "high": hi})
+            out.append(
+                {
+                    "setting": sett,
+                    "a": a,
+                    "b": b,
+                    "seeds": len(vals),
+                    "diffs": diffs,
+                    "mean": m,
+                    "low": lo,
+                    "high": hi,
+                }
+            )
     return out
 
 
 def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
-    out = [f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | {what} |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | {what} |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in rows:
         ci = "–" if math.isnan(p["low"]) else f"[{p['low']:+.2f}, {p['high']:+.2f}]"
-        verdict = ("–" if math.isnan(p["low"]) else "above 0" if p["low"] > 0
-                   else "below 0" if p["high"] < 0 else "includes 0")
-        out.append(f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
-                   + " ".join(f"{d:+.2f}" for d in p["diffs"])
-                   + f" | {p['mean']:+.2f} | {ci} | {verdict} |")
+        verdict = (
+            "–"
+            if math.isnan(p["low"])
+            else "above 0"
+            if p["low"] > 0
+            else "below 0"
+            if p["high"] < 0
+            else "includes 0"
+        )
+        out.append(
+            f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
+            + " ".join(f"{d:+.2f}" for d in p["diffs"])
+            + f" | {p['mean']:+.2f} | {ci} | {verdict} |"
+        )
     return out
 
 
@@ -240,14 +310,22 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups[(r["setting"], r["variant"])].append(r)
     rows = []
     for (sett, var), rs in groups.items():
-        rows.append({"setting": sett, "variant": var, "dataset": rs[0]["dataset"],
-                     "partition": rs[0]["partition"], "seeds": sorted(r["seed"] for r in rs),
-                     "complete": all(r["complete"] for r in rs),
-                     "collapsed": sum(r["collapsed"] for r in rs),
-                     "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
-                     "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
-                     "best": [r["best"] for r in rs], "final": [r["final"] for r in rs],
-                     "selected": [r["selected"] for r in rs]})
+        rows.append(
+            {
+                "setting": sett,
+                "variant": var,
+                "dataset": rs[0]["dataset"],
+                "partition": rs[0]["partition"],
+                "seeds": sorted(r["seed"] for r in rs),
+                "complete": all(r["complete"] for r in rs),
+                "collapsed": sum(r["collapsed"] for r in rs),
+                "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
+                "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
+                "best": [r["best"] for r in rs],
+                "final": [r["final"] for r in rs],
+                "selected": [r["selected"] for r in rs],
+            }
+        )
     return rows
 
 
@@ -259,50 +337,85 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     head = " | ".join(DATASETS.get(d, d) for d in datasets)
     cell = {(r["partition"], r["dataset"], r["variant"]): r for r in rows}
     out = []
-    for key, title in (("final", "Final test accuracy"),
-                       ("selected", "Test accuracy at the best-validation round")):
+    for key, title in (
+        ("final", "Final test accuracy"),
+        ("selected", "Test accuracy at the best-validation round"),
+    ):
         for part in parts:
-            out += [f"### {title} (%), {part}: mean(std) over seeds", "",
-                    f"| method | {head} |", "|---" * (len(datasets) + 1) + "|"]
+            out += [
+                f"### {title} (%), {part}: mean(std) over seeds",
+                "",
+                f"| method | {head} |",
+                "|---" * (len(datasets) + 1) + "|",
+            ]
             for var in variant_order(r["variant"] for r in rows if r["partition"] == part):
-                vals = [fmt(c[key], c["complete"], c["collapsed"] if key == "final" else 0)
-                        if (c := cell.get((part, d, var))) else "–" for d in datasets]
+                vals = [
+                    fmt(c[key], c["complete"], c["collapsed"] if key == "final" else 0)
+                    if (c := cell.get((part, d, var)))
+                    else "–"
+                    for d in datasets
+                ]
                 out.append(f"| {var} | " + " | ".join(vals) + " |")
             out.append("")
-    out += [seed_note(rows) + " †n: n runs ended collapsed (one class predicted for more than "
-            "half of the test set).", ""]
+    out += [
+        seed_note(rows) + " †n: n runs ended collapsed (one class predicted for more than "
+        "half of the test set).",
+        "",
+    ]
     pairs = paired(runs)
     if pairs:
-        out += ["### Paired per-seed differences of final test accuracy (points)", "",
-                *paired_table(pairs, "the interval is"), ""]
+        out += [
+            "### Paired per-seed differences of final test accuracy (points)",
+            "",
+            *paired_table(pairs, "the interval is"),
+            "",
+        ]
     semi = [r for r in rows if r["pl_accuracy"]]
     if semi:
-        out += ["### Confident pseudo-labels and the collapse signal", "",
-                "| setting | method | confident pseudo-labels correct, % (mean over rounds) | "
-                "largest top-class share of test predictions, second half of the rounds | "
-                "collapsed runs |",
-                "|---|---|---|---|---|"]
+        out += [
+            "### Confident pseudo-labels and the collapse signal",
+            "",
+            "| setting | method | confident pseudo-labels correct, % (mean over rounds) | "
+            "largest top-class share of test predictions, second half of the rounds | "
+            "collapsed runs |",
+            "|---|---|---|---|---|",
+        ]
         for r in sorted(semi, key=lambda r: (r["setting"], variant_rank(r["variant"]))):
-            out.append(f"| {r['setting']} | {r['variant']} | {fmt(r['pl_accuracy'])} | "
-                       f"{r['max_top_class_share']:.2f} | {r['collapsed']} of {len(r['seeds'])} |")
-        pl_pairs = [p for p in paired([r for r in runs if r["pl_accuracy"] is not None],
-                                      "pl_accuracy") if p["a"].endswith("-FedDPL")
-                    or p["a"] == "FedDB"]
+            out.append(
+                f"| {r['setting']} | {r['variant']} | {fmt(r['pl_accuracy'])} | "
+                f"{r['max_top_class_share']:.2f} | {r['collapsed']} of {len(r['seeds'])} |"
+            )
+        pl_pairs = [
+            p
+            for p in paired([r for r in runs if r["pl_accuracy"] is not None], "pl_accuracy")
+            if p["a"].endswith("-FedDPL") or p["a"] == "FedDB"
+        ]
         if pl_pairs:
-            out += ["", "Paired differences of confident pseudo-label accuracy (points):", "",
-                    *paired_table(pl_pairs, "the interval is")]
+            out += [
+                "",
+                "Paired differences of confident pseudo-label accuracy (points):",
+                "",
+                *paired_table(pl_pairs, "the interval is"),
+            ]
         out.append("")
     out += strategy_section(runs)
     abl = ablation(runs)
     if abl:
-        out += ["### Ablation: DPL and DMA on FedDB's client, final test accuracy (%)", "",
-                f"| partition | DPL | DMA | {head} |", "|---|---|---" + "|---" * len(datasets) + "|"]
+        out += [
+            "### Ablation: DPL and DMA on FedDB's client, final test accuracy (%)",
+            "",
+            f"| partition | DPL | DMA | {head} |",
+            "|---|---|---" + "|---" * len(datasets) + "|",
+        ]
         mark = lambda b: "✓" if b else "–"  # noqa: E731
         for part in parts:
             for k in [(False, False), (True, False), (True, True), (False, True)]:
                 if any((part, d, k) in abl for d in datasets):
-                    out.append(f"| {part} | {mark(k[0])} | {mark(k[1])} | " +
-                               " | ".join(fmt(abl.get((part, d, k), [])) for d in datasets) + " |")
+                    out.append(
+                        f"| {part} | {mark(k[0])} | {mark(k[1])} | "
+                        + " | ".join(fmt(abl.get((part, d, k), [])) for d in datasets)
+                        + " |"
+                    )
         out += ["", "(DPL without DMA is FixMatch-FedDPL; a seed run both ways counts once.)", ""]
     return "\n".join(out)
 
@@ -334,16 +447,24 @@ def strategy_section(runs: list[dict[str, Any]]) -> list[str]:
         cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in rs:
             cells[(r["strategy"], r["local"])].append(r)
-        out += [f"### Strategies, {sett}: final test accuracy (%), mean(std) over seeds", "",
-                "| server strategy | " + " | ".join(locals_) + " |",
-                "|---" * (len(locals_) + 1) + "|"]
+        out += [
+            f"### Strategies, {sett}: final test accuracy (%), mean(std) over seeds",
+            "",
+            "| server strategy | " + " | ".join(locals_) + " |",
+            "|---" * (len(locals_) + 1) + "|",
+        ]
         for strat in strategy_order(r["strategy"] for r in rs):
             vals = []
             for loc in locals_:
                 c = cells.get((strat, loc), [])
-                vals.append(fmt([r["final"] for r in c], all(r["complete"] for r in c),
-                                sum(r["collapsed"] for r in c)) +
-                            (f" ({len(c)})" if c else ""))
+                vals.append(
+                    fmt(
+                        [r["final"] for r in c],
+                        all(r["complete"] for r in c),
+                        sum(r["collapsed"] for r in c),
+                    )
+                    + (f" ({len(c)})" if c else "")
+                )
             out.append(f"| {strat} | " + " | ".join(vals) + " |")
         out += ["", "(n) = seeds. †n: n runs ended collapsed.", ""]
         diffs = []
@@ -358,13 +479,26 @@ def strategy_section(runs: list[dict[str, Any]]) -> list[str]:
                     continue
                 d = [100 * (mine[k]["final"] - ref[k]["final"]) for k in seeds]
                 m, lo, hi = interval95(d)
-                diffs.append({"setting": sett, "a": f"{loc} @ {strat}",
-                              "b": f"{loc} @ {REFERENCE_STRATEGY}", "seeds": len(d), "diffs": d,
-                              "mean": m, "low": lo, "high": hi})
+                diffs.append(
+                    {
+                        "setting": sett,
+                        "a": f"{loc} @ {strat}",
+                        "b": f"{loc} @ {REFERENCE_STRATEGY}",
+                        "seeds": len(d),
+                        "diffs": d,
+                        "mean": m,
+                        "low": lo,
+                        "high": hi,
+                    }
+                )
         if diffs:
-            out += [f"Paired per-seed differences of final test accuracy from Flower's "
-                    f"{REFERENCE_STRATEGY} on the same clients (points):", "",
-                    *paired_table(diffs, "the interval is"), ""]
+            out += [
+                f"Paired per-seed differences of final test accuracy from Flower's "
+                f"{REFERENCE_STRATEGY} on the same clients (points):",
+                "",
+                *paired_table(diffs, "the interval is"),
+                "",
+            ]
     return out
 
 
@@ -375,8 +509,13 @@ def strategy_figure(runs: list[dict[str, Any]], out: Path, plt) -> Path | None:
     if not runs:
         return None
     settings = setting_order({r["setting"] for r in runs})
-    fig, axes = _grid(len(settings), plt, width=7.0, height=0.45 * len(
-        {r["strategy"] for r in runs}) * max(1, len({r["local"] for r in runs})) + 1.5)
+    fig, axes = _grid(
+        len(settings),
+        plt,
+        width=7.0,
+        height=0.45 * len({r["strategy"] for r in runs}) * max(1, len({r["local"] for r in runs}))
+        + 1.5,
+    )
     for ax, sett in zip(axes, settings):
         rs = [r for r in runs if r["setting"] == sett]
         strats = strategy_order(r["strategy"] for r in rs)
@@ -390,8 +529,14 @@ def strategy_figure(runs: list[dict[str, Any]], out: Path, plt) -> Path | None:
                     continue
                 y = i + (j - (len(locals_) - 1) / 2) * h
                 acc = [100 * r["final"] for r in vals]
-                ax.barh(y, float(np.mean(acc)), height=h * 0.9, color=col[loc],
-                        label=loc if i == 0 else None, alpha=0.8)
+                ax.barh(
+                    y,
+                    float(np.mean(acc)),
+                    height=h * 0.9,
+                    color=col[loc],
+                    label=loc if i == 0 else None,
+                    alpha=0.8,
+                )
                 ax.scatter(acc, [y] * len(acc), s=10, color="black", zorder=3)
                 for r in vals:
                     if r["collapsed"]:
@@ -417,10 +562,15 @@ def seed_note(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         counts[tuple(r["seeds"])].append(r)
     common = max(counts, key=lambda k: len(counts[k]))
-    text = f"Each cell: seeds {', '.join(map(str, common))} ({len(common)} run" + \
-        ("s)" if len(common) > 1 else ")")
-    others = [f"{r['variant']} @ {r['setting']}: seeds {', '.join(map(str, r['seeds']))}"
-              for k, rs in counts.items() if k != common for r in rs]
+    text = f"Each cell: seeds {', '.join(map(str, common))} ({len(common)} run" + (
+        "s)" if len(common) > 1 else ")"
+    )
+    others = [
+        f"{r['variant']} @ {r['setting']}: seeds {', '.join(map(str, r['seeds']))}"
+        for k, rs in counts.items()
+        if k != common
+        for r in rs
+    ]
     text += ("; except " + "; ".join(sorted(others)) if others else "") + "."
     if not all(r["complete"] for r in rows):
         text += " * = some runs of the cell have not reached their last round."
@@ -444,24 +594,59 @@ def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, boo
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["setting", "method", "seeds", "complete", "collapsed", "final_mean",
-                    "final_std", "selected_mean", "selected_std", "best_mean", "best_std"])
+        w.writerow(
+            [
+                "setting",
+                "method",
+                "seeds",
+                "complete",
+                "collapsed",
+                "final_mean",
+                "final_std",
+                "selected_mean",
+                "selected_std",
+                "best_mean",
+                "best_std",
+            ]
+        )
         settings = setting_order(r["setting"] for r in rows)
-        for r in sorted(rows, key=lambda r: (settings.index(r["setting"]),
-                                             variant_rank(r["variant"]))):
+        for r in sorted(
+            rows, key=lambda r: (settings.index(r["setting"]), variant_rank(r["variant"]))
+        ):
             bm, bs = mean_std([100 * v for v in r["best"]])
             fm, fs = mean_std([100 * v for v in r["final"]])
             sm, ss = mean_std([100 * v for v in r["selected"]])
             num = lambda v: "" if math.isnan(v) else f"{v:.4f}"  # noqa: E731
-            w.writerow([r["setting"], r["variant"], len(r["seeds"]), r["complete"],
-                        r["collapsed"], num(fm), num(fs), num(sm), num(ss), num(bm), num(bs)])
+            w.writerow(
+                [
+                    r["setting"],
+                    r["variant"],
+                    len(r["seeds"]),
+                    r["complete"],
+                    r["collapsed"],
+                    num(fm),
+                    num(fs),
+                    num(sm),
+                    num(ss),
+                    num(bm),
+                    num(bs),
+                ]
+            )
 
 
 # -- figures ------------------------------------------------------------------------------------
 
 # tab20 index per method (dark shade; X-FedDPL takes the light shade of X's colour, dashed)
-HUES = {"FixMatch": 0, "FedMatch": 2, "FedRGD": 4, "FedDB": 6, "SemiFL": 8,
-        "FedDB w/o DMA": 10, "FedDB w/o DPL": 12, "FedAvg": 14}
+HUES = {
+    "FixMatch": 0,
+    "FedMatch": 2,
+    "FedRGD": 4,
+    "FedDB": 6,
+    "SemiFL": 8,
+    "FedDB w/o DMA": 10,
+    "FedDB w/o DPL": 12,
+    "FedAvg": 14,
+}
 
 
 def colours(variants: list[str]) -> dict[str, Any]:
@@ -486,7 +671,7 @@ def series(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rounds, mean and std over seeds of a per-round value (rounds every run has)."""
     n = min(len(r["rounds"]) for r in runs)
     vals = np.array([[_num(key(x)) for x in r["rounds"][:n]] for r in runs], dtype=float)
-    with warnings.catch_warnings():                 # all-NaN rounds (e.g. no label passed tau)
+    with warnings.catch_warnings():  # all-NaN rounds (e.g. no label passed tau)
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
         std = np.nanstd(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
@@ -528,17 +713,22 @@ def trailing_mean(v: np.ndarray, window: int) -> np.ndarray:
     return (c[1:] - c[np.arange(1, len(v) + 1) - n]) / n
 
 
-def curve_figure(by: dict[str, dict[str, list[dict]]], col: dict[str, Any], path: Path,
-                 panels: list[tuple[str, Any, str]], title: str, only=None,
-                 smooth: int = 1) -> Path:
+def curve_figure(
+    by: dict[str, dict[str, list[dict]]],
+    col: dict[str, Any],
+    path: Path,
+    panels: list[tuple[str, Any, str]],
+    title: str,
+    only=None,
+    smooth: int = 1,
+) -> Path:
     """One panel per (setting, quantity), a setting's quantities side by side: a per-round
     quantity's mean over seeds per variant, ± one std shaded (each a trailing mean over `smooth`
     evaluated rounds); `by`: setting -> variant -> runs."""
     import matplotlib.pyplot as plt
 
     settings = setting_order(by) if all(" " in s for s in by) else list(by)
-    fig, axes = _grid(len(settings) * len(panels), plt,
-                      cols=len(panels) if len(panels) > 1 else 3)
+    fig, axes = _grid(len(settings) * len(panels), plt, cols=len(panels) if len(panels) > 1 else 3)
     for i, s in enumerate(settings):
         for j, (label, key, ylabel) in enumerate(panels):
             ax = axes[i * len(panels) + j]
@@ -547,12 +737,11 @@ def curve_figure(by: dict[str, dict[str, list[dict]]], col: dict[str, Any], path
                 if only and not only(rs[0]):
                     continue
                 x, m, sd = series(rs, key)
-                ok = np.isfinite(m)          # rounds between evaluations (eval.every) are gaps
+                ok = np.isfinite(m)  # rounds between evaluations (eval.every) are gaps
                 if not ok.any():
                     continue
                 x, m, sd = x[ok], trailing_mean(m[ok], smooth), trailing_mean(sd[ok], smooth)
-                ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})",
-                        lw=1.5)
+                ax.plot(x, m, color=col[var], ls=dashes(var), label=f"{var} (n={len(rs)})", lw=1.5)
                 if len(rs) > 1:
                     ax.fill_between(x, m - sd, m + sd, color=col[var], alpha=0.15, lw=0)
             ax.set(title=f"{label}: {s}", xlabel="round", ylabel=ylabel)
@@ -581,30 +770,66 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     def curves(name: str, panels: list[tuple[str, Any, str]], title: str, only=None) -> None:
         written.append(curve_figure(by, col, out / name, panels, title, only))
 
-    curves("convergence.png", [("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
-                               ("collapse signal", lambda x: x.get("top_class_share"),
-                                "share of the most-predicted class")],
-           "Convergence: test accuracy of the global model and the share of its most-predicted "
-           "class (mean ± std over seeds; above 0.5 = collapsed)")
-    curves("pseudo_labels.png",
-           [("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy"), "accuracy"),
-            ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "fraction of unlabeled")],
-           "Pseudo-labels: accuracy of the confident labels and their share (mean over clients)",
-           only=lambda r: r["cfg"]["method"]["trainer"] != "supervised")
-    curves("js_divergence.png",
-           [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence (bits)"),
-            ("labeled prior vs class accuracy", lambda x: x.get("js_divergence_labeled"),
-             "JS divergence (bits)")],
-           "Estimated vs true bias (paper fig. 3): JS divergence to the normalised class-wise "
-           "accuracy")
-    curves("dma_weights.png",
-           [("weight entropy / log(clients)",
-             lambda x: (x["dma"]["weight_entropy"] / math.log(len(x["dma"]["weights"])))
-             if x.get("dma") and len(x["dma"]["weights"]) > 1 else None, "normalised entropy"),
-            ("L(beta) / L(uniform)",
-             lambda x: (x["dma"]["loss_weights"] / x["dma"]["loss_uniform"])
-             if x.get("dma") and x["dma"]["loss_uniform"] else None, "loss ratio")],
-           "DMA weights over rounds (1 = uniform averaging)", only=lambda r: r["cfg"]["dma"]["enabled"])
+    curves(
+        "convergence.png",
+        [
+            ("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
+            (
+                "collapse signal",
+                lambda x: x.get("top_class_share"),
+                "share of the most-predicted class",
+            ),
+        ],
+        "Convergence: test accuracy of the global model and the share of its most-predicted "
+        "class (mean ± std over seeds; above 0.5 = collapsed)",
+    )
+    curves(
+        "pseudo_labels.png",
+        [
+            ("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy"), "accuracy"),
+            ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "fraction of unlabeled"),
+        ],
+        "Pseudo-labels: accuracy of the confident labels and their share (mean over clients)",
+        only=lambda r: r["cfg"]["method"]["trainer"] != "supervised",
+    )
+    curves(
+        "js_divergence.png",
+        [
+            ("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence (bits)"),
+            (
+                "labeled prior vs class accuracy",
+                lambda x: x.get("js_divergence_labeled"),
+                "JS divergence (bits)",
+            ),
+        ],
+        "Estimated vs true bias (paper fig. 3): JS divergence to the normalised class-wise "
+        "accuracy",
+    )
+    curves(
+        "dma_weights.png",
+        [
+            (
+                "weight entropy / log(clients)",
+                lambda x: (
+                    (x["dma"]["weight_entropy"] / math.log(len(x["dma"]["weights"])))
+                    if x.get("dma") and len(x["dma"]["weights"]) > 1
+                    else None
+                ),
+                "normalised entropy",
+            ),
+            (
+                "L(beta) / L(uniform)",
+                lambda x: (
+                    (x["dma"]["loss_weights"] / x["dma"]["loss_uniform"])
+                    if x.get("dma") and x["dma"]["loss_uniform"]
+                    else None
+                ),
+                "loss ratio",
+            ),
+        ],
+        "DMA weights over rounds (1 = uniform averaging)",
+        only=lambda r: r["cfg"]["dma"]["enabled"],
+    )
 
     fig, axes = _grid(len(settings), plt, width=7.0)
     for ax, s in zip(axes, settings):
@@ -613,10 +838,20 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
         width = 0.8 / len(names)
         for i, var in enumerate(names):
             acc = np.mean([r["rounds"][-1]["class_accuracy"] for r in by[s][var]], axis=0)
-            ax.bar(np.arange(k) + (i - (len(names) - 1) / 2) * width, acc, width, color=col[var],
-                   label=var)
-        ax.set(title=f"final model: {s}", xlabel="class", ylabel="test accuracy",
-               xticks=range(k), ylim=(0, 1.05))
+            ax.bar(
+                np.arange(k) + (i - (len(names) - 1) / 2) * width,
+                acc,
+                width,
+                color=col[var],
+                label=var,
+            )
+        ax.set(
+            title=f"final model: {s}",
+            xlabel="class",
+            ylabel="test accuracy",
+            xticks=range(k),
+            ylim=(0, 1.05),
+        )
         _legend(ax)
     _title(fig, "Class-wise test accuracy of the final global model (mean over seeds)")
     fig.savefig(out / "class_accuracy.png", dpi=110, bbox_inches="tight")
@@ -628,24 +863,29 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
-CAPTIONS = {"convergence.png": "Test accuracy and the share of the most-predicted class per round",
-            "class_accuracy.png": "Class-wise test accuracy of the final global model",
-            "pseudo_labels.png": "Accuracy and share of the confident pseudo-labels per round",
-            "js_divergence.png": "APP-U against the class-wise accuracy (the paper's Figure 3)",
-            "dma_weights.png": "How far DMA's weights are from uniform per round",
-            "strategies.png": "Final accuracy per server strategy",
-            "classes.png": "The worst class's test accuracy and the largest one-class share of "
-                           "test predictions per round",
-            "figure3.png": "APP-U against the class-wise accuracy (the paper's Figure 3)"}
+CAPTIONS = {
+    "convergence.png": "Test accuracy and the share of the most-predicted class per round",
+    "class_accuracy.png": "Class-wise test accuracy of the final global model",
+    "pseudo_labels.png": "Accuracy and share of the confident pseudo-labels per round",
+    "js_divergence.png": "APP-U against the class-wise accuracy (the paper's Figure 3)",
+    "dma_weights.png": "How far DMA's weights are from uniform per round",
+    "strategies.png": "Final accuracy per server strategy",
+    "classes.png": "The worst class's test accuracy and the largest one-class share of "
+    "test predictions per round",
+    "figure3.png": "APP-U against the class-wise accuracy (the paper's Figure 3)",
+}
 
 
 def embed(figs: list[Path]) -> str:
     """Markdown that shows the figures written beside results.md."""
     lines = ["", "### Figures", ""]
     for p in figs:
-        regime, _, figure = p.name.partition("_")      # the claims study's <regime>_<figure>
-        caption = CAPTIONS.get(p.name) or (f"{regime} regime. {CAPTIONS[figure]}"
-                                           if figure in CAPTIONS else p.stem.replace("_", " "))
+        regime, _, figure = p.name.partition("_")  # the claims study's <regime>_<figure>
+        caption = CAPTIONS.get(p.name) or (
+            f"{regime} regime. {CAPTIONS[figure]}"
+            if figure in CAPTIONS
+            else p.stem.replace("_", " ")
+        )
         lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
     return "\n".join(lines)
 
@@ -662,8 +902,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = load_runs(paths)
     if not runs:
-        print(f"error: no run directories (config.yaml + metrics.jsonl) below {args.paths}",
-              file=sys.stderr)
+        print(
+            f"error: no run directories (config.yaml + metrics.jsonl) below {args.paths}",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -676,8 +918,10 @@ def main(argv: list[str] | None = None) -> int:
 
     write_runs(runs, out / "runs.csv")
     print(text)
-    print(f"[report] {len(runs)} runs; wrote {out / 'results.md'}, {out / 'results.csv'} and "
-          f"{', '.join(p.name for p in figs)} in {out}")
+    print(
+        f"[report] {len(runs)} runs; wrote {out / 'results.md'}, {out / 'results.csv'} and "
+        f"{', '.join(p.name for p in figs)} in {out}"
+    )
     return 0
 
 

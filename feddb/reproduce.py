@@ -26,8 +26,17 @@ import sys
 from pathlib import Path
 
 TOLERANCE = 1.5
-FIELDS = ["regime", "row", "dataset", "partition", "seed", "final", "selected", "commit",
-          "run_config"]
+FIELDS = [
+    "regime",
+    "row",
+    "dataset",
+    "partition",
+    "seed",
+    "final",
+    "selected",
+    "commit",
+    "run_config",
+]
 
 
 def run_fields(run: dict) -> dict:
@@ -39,16 +48,25 @@ def run_fields(run: dict) -> dict:
     rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
     prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
     rc = {k: v for k, v in rc.items() if k not in ("output-dir", "resume") and v != ""}
-    return {"regime": run.get("regime", ""), "row": d.parent.name, "dataset": dataset,
-            "partition": partition, "seed": run["seed"], "final": f"{100 * run['final']:.2f}",
-            "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
-            "commit": str(prov.get("commit") or "")[:12], "run_config": json.dumps(rc)}
+    return {
+        "regime": run.get("regime", ""),
+        "row": d.parent.name,
+        "dataset": dataset,
+        "partition": partition,
+        "seed": run["seed"],
+        "final": f"{100 * run['final']:.2f}",
+        "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
+        "commit": str(prov.get("commit") or "")[:12],
+        "run_config": json.dumps(rc),
+    }
 
 
 def write_runs(runs: list[dict], path: Path) -> None:
     """runs.csv: every run a table was made from, for `feddb reproduce`."""
-    lines = sorted((run_fields(r) for r in runs),
-                   key=lambda f: (f["regime"], f["dataset"], f["partition"], f["row"], f["seed"]))
+    lines = sorted(
+        (run_fields(r) for r in runs),
+        key=lambda f: (f["regime"], f["dataset"], f["partition"], f["row"], f["seed"]),
+    )
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -60,8 +78,11 @@ def select(lines: list[dict], where: str, rows: list[str]) -> list[dict]:
     bad = [k for k, _ in conditions if k not in FIELDS]
     if bad:
         raise ValueError(f"--select names {bad}; choose from {', '.join(FIELDS)}")
-    return [x for x in lines if all(str(x[k]) == v for k, v in conditions)
-            and (not rows or x["row"] in rows)]
+    return [
+        x
+        for x in lines
+        if all(str(x[k]) == v for k, v in conditions) and (not rows or x["row"] in rows)
+    ]
 
 
 def rerun(line: dict, out: Path) -> float | None:
@@ -70,21 +91,32 @@ def rerun(line: dict, out: Path) -> float | None:
     from feddb.launch import format_run_config
     from feddb.sweep import PROJECT, complete
 
-    run_dir = (out / (line["regime"] or "-") / f"{line['dataset']}_{line['partition']}"
-               / line["row"] / f"s{line['seed']}").resolve()
+    run_dir = (
+        out
+        / (line["regime"] or "-")
+        / f"{line['dataset']}_{line['partition']}"
+        / line["row"]
+        / f"s{line['seed']}"
+    ).resolve()
     if not complete(run_dir):
         rc = {**json.loads(line["run_config"]), "output-dir": str(run_dir)}
         run_dir.mkdir(parents=True, exist_ok=True)
         log_file = run_dir.parent / f"s{line['seed']}.log"
         with open(log_file, "w") as log:
-            code = subprocess.call([sys.executable, "-m", "feddb.inprocess", "--run-config",
-                                    format_run_config(rc)], cwd=PROJECT, stdout=log,
-                                   stderr=subprocess.STDOUT,
-                                   env={"OMP_NUM_THREADS": "1", **os.environ})  # the published
-                                                                  # runs' thread count, by default
+            code = subprocess.call(
+                [sys.executable, "-m", "feddb.inprocess", "--run-config", format_run_config(rc)],
+                cwd=PROJECT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={"OMP_NUM_THREADS": "1", **os.environ},
+            )  # the published
+            # runs' thread count, by default
         if code != 0 or not complete(run_dir):
-            print(f"[reproduce] FAILED {line['row']} seed {line['seed']}: exit {code}, see "
-                  f"{log_file}", flush=True)
+            print(
+                f"[reproduce] FAILED {line['row']} seed {line['seed']}: exit {code}, see "
+                f"{log_file}",
+                flush=True,
+            )
             return None
     summary = json.loads((run_dir / "summary.json").read_text())
     return 100 * summary["final_test_accuracy"]
@@ -93,17 +125,26 @@ def rerun(line: dict, out: Path) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("runs_csv", help="a table's runs.csv (e.g. docs/claims/runs.csv)")
-    ap.add_argument("--select", default="seed=0",
-                    help="space-separated field=value conditions (default: seed=0)")
+    ap.add_argument(
+        "--select",
+        default="seed=0",
+        help="space-separated field=value conditions (default: seed=0)",
+    )
     ap.add_argument("--rows", default="", help="comma-separated sweep rows (default: all)")
-    ap.add_argument("--tolerance", type=float, default=TOLERANCE,
-                    help=f"points of final test accuracy (default {TOLERANCE})")
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=TOLERANCE,
+        help=f"points of final test accuracy (default {TOLERANCE})",
+    )
     ap.add_argument("--out", default="runs/reproduce", help="where the re-runs go")
     args = ap.parse_args(argv)
     path = Path(args.runs_csv)
     if not path.is_file():
-        print(f"error: {path} not found (a table's runs.csv, e.g. docs/claims/runs.csv)",
-              file=sys.stderr)
+        print(
+            f"error: {path} not found (a table's runs.csv, e.g. docs/claims/runs.csv)",
+            file=sys.stderr,
+        )
         return 2
     lines = list(csv.DictReader(path.open()))
     try:
@@ -112,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not chosen:
-        print(f"error: no run of {path} matches --select '{args.select}' --rows "
-              f"'{args.rows}'", file=sys.stderr)
+        print(
+            f"error: no run of {path} matches --select '{args.select}' --rows '{args.rows}'",
+            file=sys.stderr,
+        )
         return 2
     worst = 0.0
     failed = 0
@@ -126,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(worst, abs(diff))
         ok = abs(diff) <= args.tolerance
         failed += not ok
-        print(f"[reproduce] {line['regime'] or '-'} {line['dataset']}_{line['partition']} "
-              f"{line['row']} seed {line['seed']}: published {float(line['final']):.2f} % "
-              f"({line['commit'][:7]}), now {got:.2f} % ({diff:+.2f}) "
-              f"{'ok' if ok else 'OUTSIDE the tolerance'}", flush=True)
-    print(f"[reproduce] {len(chosen) - failed} of {len(chosen)} within {args.tolerance} points "
-          f"(largest difference {worst:.2f})", flush=True)
+        print(
+            f"[reproduce] {line['regime'] or '-'} {line['dataset']}_{line['partition']} "
+            f"{line['row']} seed {line['seed']}: published {float(line['final']):.2f} % "
+            f"({line['commit'][:7]}), now {got:.2f} % ({diff:+.2f}) "
+            f"{'ok' if ok else 'OUTSIDE the tolerance'}",
+            flush=True,
+        )
+    print(
+        f"[reproduce] {len(chosen) - failed} of {len(chosen)} within {args.tolerance} points "
+        f"(largest difference {worst:.2f})",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -22,11 +22,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-CONTEXT_BYTES = 600 * 2**20       # a CUDA context and allocator slack per worker process
+CONTEXT_BYTES = 600 * 2**20  # a CUDA context and allocator slack per worker process
 
 
-def gpu_share(total_bytes: int, client_bytes: int, clients_per_round: int,
-              context_bytes: int = CONTEXT_BYTES, headroom: float = 0.9) -> tuple[float, int]:
+def gpu_share(
+    total_bytes: int,
+    client_bytes: int,
+    clients_per_round: int,
+    context_bytes: int = CONTEXT_BYTES,
+    headroom: float = 0.9,
+) -> tuple[float, int]:
     """(GPU share per client, clients at a time): the most clients whose peak memory plus a CUDA
     context each fit in `headroom` of the GPU, at least 1, at most the clients per round."""
     per_client = client_bytes + context_bytes
@@ -48,8 +53,10 @@ def probe(cfg: dict) -> dict:
     model = model_for(cfg, device)
     torch.cuda.reset_peak_memory_stats()
     make_trainer(cfg, meta["mean"], meta["std"], device).fit(model, data, 0.01, seed=0)
-    return {"peak_bytes": torch.cuda.max_memory_allocated(),
-            "total_bytes": torch.cuda.get_device_properties(0).total_memory}
+    return {
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "total_bytes": torch.cuda.get_device_properties(0).total_memory,
+    }
 
 
 def auto_gpus_per_client(cfg: dict, clients_per_round: int) -> tuple[float, str]:
@@ -58,15 +65,22 @@ def auto_gpus_per_client(cfg: dict, clients_per_round: int) -> tuple[float, str]
 
     if not torch.cuda.is_available():
         return 0.0, "no CUDA device: clients run on the CPU (no GPU resource requested)"
-    out = subprocess.run([sys.executable, "-m", "feddb.resources"], input=json.dumps(cfg),
-                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-m", "feddb.resources"],
+        input=json.dumps(cfg),
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     if out.returncode != 0:
         raise RuntimeError(f"measuring a client's GPU memory failed:\n{out.stderr[-2000:]}")
     m = json.loads(out.stdout.strip().splitlines()[-1])
     share, k = gpu_share(m["total_bytes"], m["peak_bytes"], clients_per_round)
-    return share, (f"one client round peaks at {m['peak_bytes'] / 2**20:.0f} MiB of "
-                   f"{m['total_bytes'] / 2**30:.0f} GiB: {k} clients at a time, "
-                   f"client-resources-num-gpus={share:.4g}")
+    return share, (
+        f"one client round peaks at {m['peak_bytes'] / 2**20:.0f} MiB of "
+        f"{m['total_bytes'] / 2**30:.0f} GiB: {k} clients at a time, "
+        f"client-resources-num-gpus={share:.4g}"
+    )
 
 
 @contextlib.contextmanager
@@ -80,20 +94,30 @@ def mps(enabled: bool) -> Iterator[str]:
         return
     ctl = shutil.which("nvidia-cuda-mps-control")
     if ctl is None:
-        raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the "
-                           "NVIDIA driver); run without --mps or install the driver's utilities")
+        raise RuntimeError(
+            "--mps: nvidia-cuda-mps-control is not on PATH (it comes with the "
+            "NVIDIA driver); run without --mps or install the driver's utilities"
+        )
 
     def control(command: str | None) -> subprocess.CompletedProcess:
-        return subprocess.run([ctl] + ([] if command else ["-d"]), input=command, text=True,
-                              capture_output=True, timeout=30, env=os.environ)
+        return subprocess.run(
+            [ctl] + ([] if command else ["-d"]),
+            input=command,
+            text=True,
+            capture_output=True,
+            timeout=30,
+            env=os.environ,
+        )
 
     if control("get_server_list").returncode == 0:
         yield "MPS: a control daemon is already running; using it"
         return
     started = control(None)
     if started.returncode != 0:
-        raise RuntimeError(f"--mps: nvidia-cuda-mps-control -d failed: "
-                           f"{(started.stderr or started.stdout).strip()}")
+        raise RuntimeError(
+            f"--mps: nvidia-cuda-mps-control -d failed: "
+            f"{(started.stderr or started.stdout).strip()}"
+        )
     try:
         yield "MPS: control daemon started for this run"
     finally:
@@ -158,23 +182,50 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
     if not enabled or exe is None:
         yield None
         return
-    temp = Path(tempfile.mkdtemp(prefix="feddb-ray-"))     # short: Ray's socket paths must fit
+    temp = Path(tempfile.mkdtemp(prefix="feddb-ray-"))  # short: Ray's socket paths must fit
     port = free_port()
     # not --dashboard-agent-grpc-port (Ray's metrics agent): left to Ray, which picks a free one
     # itself (no fixed default to collide on), the GCS and the raylet learn from the agent that a
     # Ray without its dashboard extra serves no metrics; told the port, they retried it for 30 s and
     # each logged an error in the middle of the run
-    ports = {f"--{k}": str(free_port()) for k in (
-        "dashboard-port", "dashboard-agent-listen-port",
-        "metrics-export-port", "runtime-env-agent-port", "ray-client-server-port")}
-    cmd = [exe, "start", "--head", "--block", "--port", str(port), "--node-ip-address",
-           "127.0.0.1", "--include-dashboard", "false", "--disable-usage-stats", "--no-monitor",
-           "--temp-dir", str(temp), *(x for kv in ports.items() for x in kv),
-           # no idle workers: Flower's actors carry their own runtime env and start their own
-           "--system-config", json.dumps({"enable_worker_prestart": False})]
+    ports = {
+        f"--{k}": str(free_port())
+        for k in (
+            "dashboard-port",
+            "dashboard-agent-listen-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "ray-client-server-port",
+        )
+    }
+    cmd = [
+        exe,
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--node-ip-address",
+        "127.0.0.1",
+        "--include-dashboard",
+        "false",
+        "--disable-usage-stats",
+        "--no-monitor",
+        "--temp-dir",
+        str(temp),
+        *(x for kv in ports.items() for x in kv),
+        # no idle workers: Flower's actors carry their own runtime env and start their own
+        "--system-config",
+        json.dumps({"enable_worker_prestart": False}),
+    ]
     with open(temp / "ray-start.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)      # its own group: stopped as a whole
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # its own group: stopped as a whole
     try:
         yield RayHead(proc, f"127.0.0.1:{port}", temp)
     finally:
@@ -189,8 +240,8 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-START_NICE = 15       # the niceness Ray gives its workers; the head's session while the run starts
-START_YIELD_SECONDS = 15.0     # at most this long (an unloaded start sends round 1 within 11 s)
+START_NICE = 15  # the niceness Ray gives its workers; the head's session while the run starts
+START_YIELD_SECONDS = 15.0  # at most this long (an unloaded start sends round 1 within 11 s)
 RAY_SERVICES = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
 
 

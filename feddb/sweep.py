@@ -38,8 +38,12 @@ def rows() -> dict[str, str]:
 
 
 def run_dir_of(cfg: Any) -> Path:
-    return Path(str(cfg.out)).resolve() / f"{cfg.dataset}_{cfg.partition}" / str(cfg.row) / \
-        f"s{cfg.seed}"
+    return (
+        Path(str(cfg.out)).resolve()
+        / f"{cfg.dataset}_{cfg.partition}"
+        / str(cfg.row)
+        / f"s{cfg.seed}"
+    )
 
 
 def complete(run_dir: Path) -> bool:
@@ -56,19 +60,30 @@ def run_one(cfg: Any) -> dict[str, Any]:
     """Run (or skip, or resume) one combination; returns its status record."""
     known = rows()
     run_dir = run_dir_of(cfg)
-    record = {"row": str(cfg.row), "dataset": str(cfg.dataset), "partition": str(cfg.partition),
-              "seed": int(cfg.seed), "run_dir": str(run_dir), "time": time.time()}
+    record = {
+        "row": str(cfg.row),
+        "dataset": str(cfg.dataset),
+        "partition": str(cfg.partition),
+        "seed": int(cfg.seed),
+        "run_dir": str(run_dir),
+        "time": time.time(),
+    }
     if cfg.row not in known:
-        return {**record, "status": "failed",
-                "reason": f"unknown row '{cfg.row}'; choose from {', '.join(known)}"}
+        return {
+            **record,
+            "status": "failed",
+            "reason": f"unknown row '{cfg.row}'; choose from {', '.join(known)}",
+        }
     if complete(run_dir):
         return {**record, "status": "skipped"}
     if (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
-        run_config = (f"{known[cfg.row]} dataset='{cfg.dataset}' partition='{cfg.partition}' "
-                      f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' "
-                      f"{cfg.run_config}")
+        run_config = (
+            f"{known[cfg.row]} dataset='{cfg.dataset}' partition='{cfg.partition}' "
+            f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' "
+            f"{cfg.run_config}"
+        )
     launcher = [sys.executable if a == "python" else str(a) for a in cfg.launcher]
     cmd = [*launcher, "--run-config", run_config, *str(cfg.launcher_args).split()]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +93,11 @@ def run_one(cfg: Any) -> dict[str, Any]:
         code = subprocess.call(cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT)
     record.update(seconds=time.perf_counter() - t0, log=str(log), exit=code)
     ok = code == 0 and complete(run_dir)
-    return {**record, "status": "done" if ok else "failed",
-            **({} if ok else {"reason": f"exit {code}, see {log}"})}
+    return {
+        **record,
+        "status": "done" if ok else "failed",
+        **({} if ok else {"reason": f"exit {code}, see {log}"}),
+    }
 
 
 PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0}
@@ -95,7 +113,7 @@ def count_jobs(params: dict[str, str], task: list[str]) -> int:
             values[key.lstrip("+~")] = val
     total = 1
     for v in values.values():
-        if "(" in v:                       # range(), choice(), ...: not counted
+        if "(" in v:  # range(), choice(), ...: not counted
             return 0
         total *= len([x for x in v.split(",") if x != ""]) or 1
     return total
@@ -119,9 +137,12 @@ def job(cfg: Any) -> None:
     if total and PROGRESS["ran"]:
         spent = time.time() - PROGRESS["start"]
         progress += f", eta {eta(spent / PROGRESS['ran'] * (total - done))}"
-    print(f"[sweep] {progress:>16s}  {record['status']:7s} {record['row']} "
-          f"{record['dataset']}_{record['partition']} seed {record['seed']}"
-          + (f": {record['reason']}" if "reason" in record else ""), flush=True)
+    print(
+        f"[sweep] {progress:>16s}  {record['status']:7s} {record['row']} "
+        f"{record['dataset']}_{record['partition']} seed {record['seed']}"
+        + (f": {record['reason']}" if "reason" in record else ""),
+        flush=True,
+    )
 
 
 try:
@@ -144,15 +165,22 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         file = Path(str(config.out)).resolve() / STATUS
-        records = [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() \
-            else []
+        records = (
+            [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() else []
+        )
         mine = [r for r in records if r["time"] >= getattr(self, "start", 0)]
         by = {s: [r for r in mine if r["status"] == s] for s in ("done", "skipped", "failed")}
-        print(f"[sweep] {len(mine)} combinations: {len(by['done'])} run, {len(by['skipped'])} "
-              f"already complete, {len(by['failed'])} failed", flush=True)
+        print(
+            f"[sweep] {len(mine)} combinations: {len(by['done'])} run, {len(by['skipped'])} "
+            f"already complete, {len(by['failed'])} failed",
+            flush=True,
+        )
         for r in by["failed"]:
-            print(f"[sweep] FAILED {r['row']} {r['dataset']}_{r['partition']} seed {r['seed']}: "
-                  f"{r['reason']}", flush=True)
+            print(
+                f"[sweep] FAILED {r['row']} {r['dataset']}_{r['partition']} seed {r['seed']}: "
+                f"{r['reason']}",
+                flush=True,
+            )
         if by["failed"]:
             sys.exit(1)
 
@@ -161,8 +189,9 @@ def main() -> None:
     import hydra
 
     sys.path.insert(0, str(PROJECT))
-    hydra.main(config_path=str(PROJECT / "conf" / "sweeps"), config_name="config",
-               version_base=None)(job)()
+    hydra.main(
+        config_path=str(PROJECT / "conf" / "sweeps"), config_name="config", version_base=None
+    )(job)()
 
 
 if __name__ == "__main__":

@@ -13,8 +13,22 @@ import torch
 import torch.nn.functional as F
 
 GRAY = 128.0
-OPS = ("identity", "autocontrast", "brightness", "color", "contrast", "equalize", "posterize",
-       "rotate", "sharpness", "shear_x", "shear_y", "solarize", "translate_x", "translate_y")
+OPS = (
+    "identity",
+    "autocontrast",
+    "brightness",
+    "color",
+    "contrast",
+    "equalize",
+    "posterize",
+    "rotate",
+    "sharpness",
+    "shear_x",
+    "shear_y",
+    "solarize",
+    "translate_x",
+    "translate_y",
+)
 
 
 def _rand(n: int, gen: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -31,12 +45,14 @@ def flip_crop(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -
         return x if mirror is None else torch.where(mirror[:, None, None, None], x.flip(-1), x)
     oy = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
     ox = (_rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
-    rows = _reflect(oy[:, None] + torch.arange(h, device=x.device) - pad, h)      # N x H
-    cols = _reflect(ox[:, None] + torch.arange(w, device=x.device) - pad, w)      # N x W
+    rows = _reflect(oy[:, None] + torch.arange(h, device=x.device) - pad, h)  # N x H
+    cols = _reflect(ox[:, None] + torch.arange(w, device=x.device) - pad, w)  # N x W
     if mirror is not None:
         cols = torch.where(mirror[:, None], w - 1 - cols, cols)
     batch = torch.arange(n, device=x.device)[:, None, None]
-    return nchw(x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2))
+    return nchw(
+        x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    )
 
 
 def nchw(x: torch.Tensor) -> torch.Tensor:
@@ -58,14 +74,20 @@ def weak(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None) -> tor
     return flip_crop(x, flip, gen)
 
 
-def strong(x: torch.Tensor, flip: bool, gen: torch.Generator | None = None,
-           num_ops: int = 2, cutout: float = 0.5) -> torch.Tensor:
+def strong(
+    x: torch.Tensor,
+    flip: bool,
+    gen: torch.Generator | None = None,
+    num_ops: int = 2,
+    cutout: float = 0.5,
+) -> torch.Tensor:
     x = flip_crop(x, flip, gen)
     return cutout_(rand_augment(x, gen, num_ops), gen, cutout)
 
 
-def rand_augment(x: torch.Tensor, gen: torch.Generator | None = None,
-                 num_ops: int = 2, fused: bool | None = None) -> torch.Tensor:
+def rand_augment(
+    x: torch.Tensor, gen: torch.Generator | None = None, num_ops: int = 2, fused: bool | None = None
+) -> torch.Tensor:
     """Apply `num_ops` ops per sample; op and magnitude (uniform in its range) drawn per sample.
 
     `fused` (default: on accelerators) computes every op group for the whole batch and selects per
@@ -100,7 +122,9 @@ def _geometric(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tens
     h, w = x.shape[-2:]
     theta = _eye(m)
     for name in GEOMETRIC:
-        theta = torch.where((op == OPS.index(name))[:, None, None], _GEOMETRIC[name](m, h, w), theta)
+        theta = torch.where(
+            (op == OPS.index(name))[:, None, None], _GEOMETRIC[name](m, h, w), theta
+        )
     return affine(x, theta)
 
 
@@ -110,8 +134,9 @@ def _blends(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     sel = lambda name: (op == OPS.index(name))[:, None, None, None]  # noqa: E731
     degenerate = torch.zeros_like(x)
     degenerate = torch.where(sel("color"), _gray(x).expand_as(x), degenerate)
-    degenerate = torch.where(sel("contrast"),
-                             _gray(x).mean((1, 2, 3), keepdim=True).expand_as(x), degenerate)
+    degenerate = torch.where(
+        sel("contrast"), _gray(x).mean((1, 2, 3), keepdim=True).expand_as(x), degenerate
+    )
     degenerate = torch.where(sel("sharpness"), _smooth(x), degenerate)
     return _blend(x, degenerate, 0.05 + 0.9 * m)
 
@@ -121,7 +146,8 @@ def _single(name: str):
 
 
 _GROUPS = [(GEOMETRIC, _geometric), (BLENDS, _blends)] + [
-    ((name,), _single(name)) for name in ("autocontrast", "equalize", "posterize", "solarize")]
+    ((name,), _single(name)) for name in ("autocontrast", "equalize", "posterize", "solarize")
+]
 
 
 def apply_ops(x: torch.Tensor, op: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -148,7 +174,7 @@ def _blend(a: torch.Tensor, b: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 def apply_op(name: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """One op on float images in [0, 255]; `m` in [0, 1] maps to the op's magnitude range."""
-    factor = 0.05 + 0.9 * m                         # enhance factors in [0.05, 0.95]
+    factor = 0.05 + 0.9 * m  # enhance factors in [0.05, 0.95]
     if name == "autocontrast":
         lo, hi = x.amin((2, 3), keepdim=True), x.amax((2, 3), keepdim=True)
         flat = hi <= lo
@@ -164,7 +190,7 @@ def apply_op(name: str, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     if name == "equalize":
         return equalize(x.round().to(torch.uint8)).float()
     if name == "posterize":
-        bits = (4 + (m * 5).floor().clamp_max(4)).long()   # 4..8 bits kept
+        bits = (4 + (m * 5).floor().clamp_max(4)).long()  # 4..8 bits kept
         drop = (2 ** (8 - bits) - 1)[:, None, None, None]
         xi = x.round().long()
         return (xi - (xi & drop)).float()
@@ -232,7 +258,7 @@ def _shear_y(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 def _translate_x(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
     theta = _eye(m)
-    theta[:, 0, 2] = 2 * (-0.3 + 0.6 * m)          # +-30% of the width, normalised coordinates
+    theta[:, 0, 2] = 2 * (-0.3 + 0.6 * m)  # +-30% of the width, normalised coordinates
     return theta
 
 
@@ -242,8 +268,13 @@ def _translate_y(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return theta
 
 
-_GEOMETRIC = {"rotate": _rotate, "shear_x": _shear_x, "shear_y": _shear_y,
-              "translate_x": _translate_x, "translate_y": _translate_y}
+_GEOMETRIC = {
+    "rotate": _rotate,
+    "shear_x": _shear_x,
+    "shear_y": _shear_y,
+    "translate_x": _translate_x,
+    "translate_y": _translate_y,
+}
 
 
 def affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -254,10 +285,16 @@ def affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     theta = theta.to(torch.float32)
     ys = (2 * torch.arange(h, device=x.device, dtype=torch.float32) + 1) / h - 1
     xs = (2 * torch.arange(w, device=x.device, dtype=torch.float32) + 1) / w - 1
-    gx = theta[:, 0, 0, None, None] * xs[None, None, :] + theta[:, 0, 1, None, None] * ys[None, :, None] \
-        + theta[:, 0, 2, None, None]                                           # N x H x W
-    gy = theta[:, 1, 0, None, None] * xs[None, None, :] + theta[:, 1, 1, None, None] * ys[None, :, None] \
+    gx = (
+        theta[:, 0, 0, None, None] * xs[None, None, :]
+        + theta[:, 0, 1, None, None] * ys[None, :, None]
+        + theta[:, 0, 2, None, None]
+    )  # N x H x W
+    gy = (
+        theta[:, 1, 0, None, None] * xs[None, None, :]
+        + theta[:, 1, 1, None, None] * ys[None, :, None]
         + theta[:, 1, 2, None, None]
+    )
     px = torch.round(((gx + 1) * w - 1) / 2).long()
     py = torch.round(((gy + 1) * h - 1) / 2).long()
     inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
@@ -266,8 +303,9 @@ def affine(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.where(inside[:, None], out, torch.full_like(out, GRAY))
 
 
-def cutout_(x: torch.Tensor, gen: torch.Generator | None = None,
-            max_frac: float = 0.5) -> torch.Tensor:
+def cutout_(
+    x: torch.Tensor, gen: torch.Generator | None = None, max_frac: float = 0.5
+) -> torch.Tensor:
     """Gray square of side U[0, max_frac] * min(H, W) at a uniform random centre, per sample."""
     n, _, h, w = x.shape
     if max_frac <= 0:
@@ -276,13 +314,18 @@ def cutout_(x: torch.Tensor, gen: torch.Generator | None = None,
     cy, cx = _rand(n, gen, x.device) * h, _rand(n, gen, x.device) * w
     ys = torch.arange(h, device=x.device)[None, :, None] + 0.5
     xs = torch.arange(w, device=x.device)[None, None, :] + 0.5
-    box = ((ys - cy[:, None, None]).abs() < side[:, None, None] / 2) & \
-          ((xs - cx[:, None, None]).abs() < side[:, None, None] / 2)
+    box = ((ys - cy[:, None, None]).abs() < side[:, None, None] / 2) & (
+        (xs - cx[:, None, None]).abs() < side[:, None, None] / 2
+    )
     return torch.where(box[:, None], torch.full_like(x, int(GRAY) - 1), x)
 
 
-def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...],
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def normalize(
+    x: torch.Tensor,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     m = torch.tensor(mean, device=x.device, dtype=dtype)[None, :, None, None] * 255
     s = torch.tensor(std, device=x.device, dtype=dtype)[None, :, None, None] * 255
     return (x.to(dtype) - m) / s

@@ -34,8 +34,11 @@ def _atomic_write(path: Path, write) -> None:
 
 def save(run_dir: Path, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
     """`arrays`: named groups of numpy arrays (global model, momentum buffer, ...); `state`: JSON."""
-    tensors = {f"{group}/{key}": torch.from_numpy(np.array(value, copy=True))
-               for group, named in arrays.items() for key, value in named.items()}
+    tensors = {
+        f"{group}/{key}": torch.from_numpy(np.array(value, copy=True))
+        for group, named in arrays.items()
+        for key, value in named.items()
+    }
     state = {**state, "tensor_groups": sorted(arrays)}
     tensors[STATE_KEY] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
     _atomic_write(run_dir / FILE, lambda f: torch.save(tensors, f))
@@ -44,8 +47,10 @@ def save(run_dir: Path, arrays: dict[str, dict[str, np.ndarray]], state: dict[st
 def load(run_dir: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
     file = run_dir / FILE
     if not file.is_file():
-        raise FileNotFoundError(f"no checkpoint {file}; checkpoints are written every "
-                                "`checkpoint.every` rounds and at the end of a run")
+        raise FileNotFoundError(
+            f"no checkpoint {file}; checkpoints are written every "
+            "`checkpoint.every` rounds and at the end of a run"
+        )
     flat = torch.load(file, map_location="cpu", weights_only=True)
     state = json.loads(bytes(flat.pop(STATE_KEY).tolist()).decode())
     arrays: dict[str, dict[str, np.ndarray]] = {g: {} for g in state["tensor_groups"]}

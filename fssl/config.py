@@ -39,17 +39,26 @@ def run_config_defaults() -> dict[str, Any]:
 
 # run-config key -> the Hydra key it sets (the groups set themselves; `overrides` and `resume`
 # are handled apart)
-RUN_CONFIG_TARGETS = {**{g: g for g in GROUPS}, "dpl": "dpl", "dma": "dma.enabled",
-                      "data-path": "dataset.path", "seed": "seed", "output-dir": "output_dir",
-                      "num-server-rounds": "num_rounds"}
+RUN_CONFIG_TARGETS = {
+    **{g: g for g in GROUPS},
+    "dpl": "dpl",
+    "dma": "dma.enabled",
+    "data-path": "dataset.path",
+    "seed": "seed",
+    "output-dir": "output_dir",
+    "num-server-rounds": "num_rounds",
+}
 
 
 def given(run_config: dict[str, Any]) -> dict[str, Any]:
     """The keys a run-config sets away from their declared defaults (an empty string, as in run
     configs saved before the keys were typed, also means the default)."""
     defaults = run_config_defaults()
-    return {k: v for k, v in run_config.items()
-            if v != "" and not (k in defaults and v == defaults[k] and type(v) is type(defaults[k]))}
+    return {
+        k: v
+        for k, v in run_config.items()
+        if v != "" and not (k in defaults and v == defaults[k] and type(v) is type(defaults[k]))
+    }
 
 
 def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
@@ -58,8 +67,10 @@ def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
     rc = given(run_config)
     unknown = sorted(set(rc) - set(RUN_CONFIG_TARGETS) - {"overrides", "resume"})
     if unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}: the keys are "
-                          f"{', '.join(run_config_defaults())} (pyproject.toml)")
+        raise ConfigError(
+            f"unknown run-config key(s) {unknown}: the keys are "
+            f"{', '.join(run_config_defaults())} (pyproject.toml)"
+        )
     out: list[str] = []
     for key, target in RUN_CONFIG_TARGETS.items():
         if key in rc:
@@ -115,13 +126,17 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
         return compose_from_run_config(run_config), None
     others = sorted(k for k in given(run_config) if k != "resume")
     if others:
-        raise ConfigError(f"resume continues a run with its saved configuration; remove {others} "
-                          "from the run-config")
+        raise ConfigError(
+            f"resume continues a run with its saved configuration; remove {others} "
+            "from the run-config"
+        )
     run_dir = Path(resume).expanduser().resolve()
     saved = run_dir / "config.yaml"
     if not saved.is_file():
-        raise ConfigError(f"cannot resume '{resume}': {saved} not found; `resume` takes the run "
-                          "directory of an earlier run")
+        raise ConfigError(
+            f"cannot resume '{resume}': {saved} not found; `resume` takes the run "
+            "directory of an earlier run"
+        )
     import yaml
 
     cfg = yaml.safe_load(saved.read_text())
@@ -161,10 +176,9 @@ _REQUIRED = object()
 
 # Keys that are gone -> why, and what to do with a saved run that has one.
 REMOVED = {
-    "server.robust.loss_check_scope":
-        "server.robust.scope (deployment, always) now places every defence. A run saved with it "
-        "ran the norm bound and the agreement filter in simulations too; resume it with the code "
-        "it was made with (its provenance.json, or commit cd84422), or start it anew",
+    "server.robust.loss_check_scope": "server.robust.scope (deployment, always) now places every defence. A run saved with it "
+    "ran the norm bound and the agreement filter in simulations too; resume it with the code "
+    "it was made with (its provenance.json, or commit cd84422), or start it anew",
 }
 
 
@@ -182,14 +196,16 @@ def _word(value: Any) -> str:
 @dataclass(frozen=True)
 class Bounds:
     """An interval; None leaves that side unbounded."""
+
     low: float | None = None
     high: float | None = None
     open_low: bool = False
     open_high: bool = False
 
     def __contains__(self, x: float) -> bool:
-        return ((self.low is None or (x > self.low if self.open_low else x >= self.low))
-                and (self.high is None or (x < self.high if self.open_high else x <= self.high)))
+        return (self.low is None or (x > self.low if self.open_low else x >= self.low)) and (
+            self.high is None or (x < self.high if self.open_high else x <= self.high)
+        )
 
     def words(self, name: str) -> str:
         """'>= 1', '> 0', or on both sides 'with 0 < tau <= 1' (`name`: what is bounded)."""
@@ -204,20 +220,24 @@ class Bounds:
 @dataclass(frozen=True)
 class Rule:
     """What a value may be: `accepts` decides it and `describe` words it."""
-    kind: str                         # integer, number, boolean, choice, path, mapping, list
-    bounds: Bounds = Bounds()         # integer, number
-    options: tuple = ()               # choice
-    item: Rule | None = None          # list: the rule of each element (an integer or a number)
-    nonempty: bool = False            # list
+
+    kind: str  # integer, number, boolean, choice, path, mapping, list
+    bounds: Bounds = Bounds()  # integer, number
+    options: tuple = ()  # choice
+    item: Rule | None = None  # list: the rule of each element (an integer or a number)
+    nonempty: bool = False  # list
 
     def accepts(self, v: Any) -> bool:
-        if self.kind == "integer":                       # a bool is not an integer here
+        if self.kind == "integer":  # a bool is not an integer here
             return isinstance(v, int) and not isinstance(v, bool) and v in self.bounds
         if self.kind == "number":
             return is_number(v) and v in self.bounds
         if self.kind == "list":
-            return (isinstance(v, list) and bool(v or not self.nonempty)
-                    and all(self.item.accepts(x) for x in v))
+            return (
+                isinstance(v, list)
+                and bool(v or not self.nonempty)
+                and all(self.item.accepts(x) for x in v)
+            )
         if self.kind == "choice":
             return v in self.options
         return isinstance(v, {"boolean": bool, "path": str, "mapping": dict}[self.kind])
@@ -237,8 +257,16 @@ class Rule:
         return words[self.kind]
 
 
-def check(cfg: dict[str, Any], path: str, rule: Rule, *, default: Any = _REQUIRED,
-          nullable: bool | str = False, also: tuple = (), note: str = "") -> Any:
+def check(
+    cfg: dict[str, Any],
+    path: str,
+    rule: Rule,
+    *,
+    default: Any = _REQUIRED,
+    nullable: bool | str = False,
+    also: tuple = (),
+    note: str = "",
+) -> Any:
     """The value at the dotted `path` of cfg, checked against `rule` (the keywords: see above)."""
     parent, key = _lookup(cfg, path)
     value = parent[key] if default is _REQUIRED else parent.get(key, default)
@@ -257,27 +285,55 @@ def _each(cfg: dict[str, Any], paths: tuple[str, ...], rule: Rule, how: dict[str
     return values[0] if len(values) == 1 else values
 
 
-def integer(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
-            open_low: bool = False, open_high: bool = False, **how: Any) -> Any:
+def integer(
+    cfg: dict[str, Any],
+    *paths: str,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    **how: Any,
+) -> Any:
     return _each(cfg, paths, Rule("integer", Bounds(low, high, open_low, open_high)), how)
 
 
-def number(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
-           open_low: bool = False, open_high: bool = False, **how: Any) -> Any:
+def number(
+    cfg: dict[str, Any],
+    *paths: str,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    **how: Any,
+) -> Any:
     return _each(cfg, paths, Rule("number", Bounds(low, high, open_low, open_high)), how)
 
 
-def integers(cfg: dict[str, Any], *paths: str, low: float | None = None,
-             high: float | None = None, open_low: bool = False, open_high: bool = False,
-             nonempty: bool = False, **how: Any) -> Any:
+def integers(
+    cfg: dict[str, Any],
+    *paths: str,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    nonempty: bool = False,
+    **how: Any,
+) -> Any:
     """A list of integers, each within the bounds."""
     item = Rule("integer", Bounds(low, high, open_low, open_high))
     return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
 
 
-def numbers(cfg: dict[str, Any], *paths: str, low: float | None = None, high: float | None = None,
-            open_low: bool = False, open_high: bool = False, nonempty: bool = False,
-            **how: Any) -> Any:
+def numbers(
+    cfg: dict[str, Any],
+    *paths: str,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+    nonempty: bool = False,
+    **how: Any,
+) -> Any:
     """A list of numbers, each within the bounds."""
     item = Rule("number", Bounds(low, high, open_low, open_high))
     return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
@@ -312,15 +368,22 @@ def validate(cfg: dict[str, Any]) -> None:
     refuse_removed(cfg)
     integer(cfg, "seed")
     integer(cfg, "num_rounds", low=1)
-    boolean(cfg, "dpl", "dma.enabled")        # the method's two switches
+    boolean(cfg, "dpl", "dma.enabled")  # the method's two switches
     choice(cfg, "device", ("auto", "cpu", "cuda"))
     path_string(cfg, "output_dir")
 
     clients = integer(cfg, "fl.num_clients", low=1)
     number(cfg, "fl.fraction_train", low=0, high=1, open_low=True)
     number(cfg, "fl.fraction_evaluate", low=0, high=1)
-    integers(cfg, "fl.always_sample", low=0, high=clients, open_high=True, default=[],
-             note=f"(partition ids, e.g. [0]; {clients} = fl.num_clients)")
+    integers(
+        cfg,
+        "fl.always_sample",
+        low=0,
+        high=clients,
+        open_high=True,
+        default=[],
+        note=f"(partition ids, e.g. [0]; {clients} = fl.num_clients)",
+    )
     number(cfg, "fl.round_timeout", "fl.node_wait", low=0)
     integer(cfg, "fl.min_train_clients", low=1)
 
@@ -332,8 +395,15 @@ def validate(cfg: dict[str, Any]) -> None:
     choice(cfg, "train.unlabeled_loss_norm", ("all", "confident"))
     boolean(cfg, "train.compile", "train.nesterov")
     number(cfg, "train.tau", low=0, high=1, open_low=True)
-    number(cfg, "train.lr", "train.weight_decay", "train.lambda_u", "train.grad_clip",
-           "train.momentum", low=0)
+    number(
+        cfg,
+        "train.lr",
+        "train.weight_decay",
+        "train.lambda_u",
+        "train.grad_clip",
+        "train.momentum",
+        low=0,
+    )
     integer(cfg, "train.local_steps", "train.warmup_rounds", "train.local_epochs", low=0)
     integer(cfg, "train.batch_size", "train.mu", "train.infer_batch_size", low=1)
 
@@ -365,17 +435,29 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "server.robust.loss_check_size", low=1)
 
     if choice(cfg, "dp.mode", ("off", "fixed", "adaptive")) != "off":
-        choice(cfg, "server.momentum", (0,), note="with dp.mode on (noise is added after the "
-               "server update; a momentum buffer would carry un-noised updates into later rounds)")
+        choice(
+            cfg,
+            "server.momentum",
+            (0,),
+            note="with dp.mode on (noise is added after the "
+            "server update; a momentum buffer would carry un-noised updates into later rounds)",
+        )
     number(cfg, "dp.noise_multiplier", low=0)
     number(cfg, "dp.clipping_norm", low=0, open_low=True)
     number(cfg, "dp.target_quantile", low=0, high=1, open_low=True, open_high=True)
 
     if choice(cfg, "partition.mode", ("iid", "dirichlet")) == "dirichlet":
-        number(cfg, "partition.delta", low=0, open_low=True,
-               note="(the Dirichlet concentration delta)")
-    number(cfg, "partition.imbalance_ratio", low=1, default=None, nullable=True,
-           note="(largest over smallest class of the unlabeled pool)")
+        number(
+            cfg, "partition.delta", low=0, open_low=True, note="(the Dirichlet concentration delta)"
+        )
+    number(
+        cfg,
+        "partition.imbalance_ratio",
+        low=1,
+        default=None,
+        nullable=True,
+        note="(largest over smallest class of the unlabeled pool)",
+    )
     integer(cfg, "partition.min_size", low=1)
 
     choice(cfg, "model.name", ("cnn", "wrn28_2"))
@@ -387,12 +469,19 @@ def validate(cfg: dict[str, Any]) -> None:
     path_string(cfg, "dataset.path")
     boolean(cfg, "dataset.flip", "dataset.download")
     numbers(cfg, "dataset.mean", nonempty=True, note="(one per channel)", nullable=True)
-    numbers(cfg, "dataset.std", low=0, open_low=True, nonempty=True, note="(one per channel)",
-            nullable=True)
+    numbers(
+        cfg,
+        "dataset.std",
+        low=0,
+        open_low=True,
+        nonempty=True,
+        note="(one per channel)",
+        nullable=True,
+    )
     integer(cfg, "dataset.num_labeled", low=1)
     integer(cfg, "dataset.val_size", "dataset.val_seed", low=0, default=0)
 
-    from .methods import check_method      # the registry imports this module's checks
+    from .methods import check_method  # the registry imports this module's checks
 
     check_method(cfg["method"])
 
@@ -404,10 +493,12 @@ def validate(cfg: dict[str, Any]) -> None:
 
 
 # The defences server.robust.scope places, as (config path, what it is), in the order they act.
-DEFENCES = (("server.robust.clip", "the norm bound"),
-            ("server.robust.min_cosine", "the agreement filter"),
-            ("server.robust.loss_check", "the loss check"),
-            ("dma.cap", "the DMA cap"))
+DEFENCES = (
+    ("server.robust.clip", "the norm bound"),
+    ("server.robust.min_cosine", "the agreement filter"),
+    ("server.robust.loss_check", "the loss check"),
+    ("dma.cap", "the DMA cap"),
+)
 
 
 def _lookup(cfg: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:

@@ -33,7 +33,7 @@ class Dataset:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    x_val: np.ndarray | None = None     # held out of x_train (dataset.val_size); never trained on
+    x_val: np.ndarray | None = None  # held out of x_train (dataset.val_size); never trained on
     y_val: np.ndarray | None = None
 
     @property
@@ -58,7 +58,7 @@ def embedded_candidates() -> list[Path]:
         if direct:
             url = json.loads(direct).get("url", "")
             if url.startswith("file://"):
-                found.append(Path(url[len("file://"):]) / EMBEDDED)
+                found.append(Path(url[len("file://") :]) / EMBEDDED)
     except metadata.PackageNotFoundError:
         pass
     return found
@@ -67,15 +67,13 @@ def embedded_candidates() -> list[Path]:
 def load_dataset(dcfg: dict[str, Any]) -> Dataset:
     name, path = dcfg["name"], dcfg.get("path") or ""
     if name == "mnist10k":
-        if path:
-            candidates = [Path(path).expanduser()]
-        else:
-            candidates = embedded_candidates()
+        candidates = [Path(path).expanduser()] if path else embedded_candidates()
         for cand in candidates:
             if cand.is_file():
                 return _from_arrays("mnist10k", _read_npz(cand), dcfg)
         raise DataError(
-            "embedded MNIST-10k not found; looked in: " + ", ".join(map(str, candidates))
+            "embedded MNIST-10k not found; looked in: "
+            + ", ".join(map(str, candidates))
             + ". Reinstall the project (`pip install -e .`) or pass data-path='/abs/mnist10k.npz'."
         )
     if name == "npz":
@@ -90,15 +88,18 @@ def load_dataset(dcfg: dict[str, Any]) -> Dataset:
             raise DataError(f"dataset {name} needs a directory: set data-path='/abs/dir'")
         root = Path(path).expanduser()
         if not root.is_dir():
-            raise DataError(f"{name} directory not found: {root.resolve()} (run-config key "
-                            "data-path)")
+            raise DataError(
+                f"{name} directory not found: {root.resolve()} (run-config key data-path)"
+            )
         reader = _read_imagefolder if name == "imagefolder" else _read_hf
         return _from_arrays(name, reader(root, dcfg), dcfg)
     root = Path(path or "data").expanduser()
     readers = {"cifar10": _read_cifar10, "cifar100": _read_cifar100, "svhn": _read_svhn}
     if name not in readers:
-        raise DataError(f"unknown dataset '{name}': choose one of mnist10k, cifar10, cifar100, "
-                        "svhn, npz, imagefolder, hf")
+        raise DataError(
+            f"unknown dataset '{name}': choose one of mnist10k, cifar10, cifar100, "
+            "svhn, npz, imagefolder, hf"
+        )
     if dcfg.get("download") and not _has_files(name, root):
         _download(name, root)
     if not _has_files(name, root):
@@ -147,9 +148,15 @@ def _download(name: str, root: Path) -> None:
 class _ArrayUnpickler(pickle.Unpickler):
     """CIFAR batches are pickles; allow only the numpy pieces they need, never arbitrary code."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED:
@@ -184,8 +191,10 @@ def _read_cifar100(root: Path) -> dict[str, np.ndarray]:
     base = root / "cifar-100-python"
     train, test = _load_pickle(base / "train"), _load_pickle(base / "test")
     return {
-        "x_train": _cifar_images(train["data"]), "y_train": np.asarray(train["fine_labels"]),
-        "x_test": _cifar_images(test["data"]), "y_test": np.asarray(test["fine_labels"]),
+        "x_train": _cifar_images(train["data"]),
+        "y_train": np.asarray(train["fine_labels"]),
+        "x_test": _cifar_images(test["data"]),
+        "y_test": np.asarray(test["fine_labels"]),
         "num_classes": 100,
     }
 
@@ -207,8 +216,10 @@ def _read_npz(file: Path) -> dict[str, np.ndarray]:
         with np.load(file, allow_pickle=False) as z:
             missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
             if missing:
-                raise DataError(f"{file}: missing arrays {missing}; an .npz needs x_train, "
-                                "y_train, x_test, y_test")
+                raise DataError(
+                    f"{file}: missing arrays {missing}; an .npz needs x_train, "
+                    "y_train, x_test, y_test"
+                )
             return {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except (OSError, ValueError) as err:
         if isinstance(err, DataError):
@@ -227,8 +238,10 @@ def _pil_arrays(images: list, where: str, channels: int | None) -> np.ndarray:
     arrays = [np.asarray(im.convert(mode), dtype=np.uint8) for im in images]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
-        raise DataError(f"{where}: images differ in size ({shapes[0]} ... {shapes[-1]}); resize "
-                        "them to one size first")
+        raise DataError(
+            f"{where}: images differ in size ({shapes[0]} ... {shapes[-1]}); resize "
+            "them to one size first"
+        )
     x = np.stack(arrays)
     return x[..., None] if x.ndim == 3 else x
 
@@ -247,8 +260,9 @@ def _read_imagefolder(root: Path, dcfg: dict[str, Any]) -> dict[str, np.ndarray]
         raise DataError(f"imagefolder: no class directories in {root / 'train'}; expected {layout}")
     out: dict[str, Any] = {"num_classes": len(classes)}
     for split in ("train", "test"):
-        extra = sorted(d.name for d in (root / split).iterdir()
-                       if d.is_dir() and d.name not in classes)
+        extra = sorted(
+            d.name for d in (root / split).iterdir() if d.is_dir() and d.name not in classes
+        )
         if extra:
             raise DataError(f"imagefolder: {root / split} has classes {extra} that train lacks")
         images, labels = [], []
@@ -262,8 +276,9 @@ def _read_imagefolder(root: Path, dcfg: dict[str, Any]) -> dict[str, np.ndarray]
                         raise DataError(f"imagefolder: cannot read {f} ({err})") from err
                     labels.append(k)
         if not images:
-            raise DataError(f"imagefolder: no images ({', '.join(IMAGE_SUFFIXES)}) under "
-                            f"{root / split}")
+            raise DataError(
+                f"imagefolder: no images ({', '.join(IMAGE_SUFFIXES)}) under {root / split}"
+            )
         out[f"x_{split}"] = _pil_arrays(images, str(root / split), dcfg.get("channels"))
         out[f"y_{split}"] = np.asarray(labels, dtype=np.int64)
     return out
@@ -275,28 +290,34 @@ def _read_hf(root: Path, dcfg: dict[str, Any]) -> dict[str, np.ndarray]:
     try:
         import datasets
     except ImportError as err:
-        raise DataError("dataset hf needs the `datasets` package: pip install -e '.[hf]' (or "
-                        "pip install datasets)") from err
+        raise DataError(
+            "dataset hf needs the `datasets` package: pip install -e '.[hf]' (or "
+            "pip install datasets)"
+        ) from err
     try:
         dd = datasets.load_from_disk(str(root))
     except (FileNotFoundError, ValueError) as err:
         raise DataError(f"hf: {root} is not a dataset saved with save_to_disk ({err})") from err
     if not isinstance(dd, datasets.DatasetDict) or not {"train", "test"} <= set(dd):
         found = list(dd) if isinstance(dd, datasets.DatasetDict) else "one split"
-        raise DataError(f"hf: {root} must hold a DatasetDict with 'train' and 'test' splits, "
-                        f"found {found}")
+        raise DataError(
+            f"hf: {root} must hold a DatasetDict with 'train' and 'test' splits, found {found}"
+        )
     cols = dd["train"].column_names
     image_key = dcfg.get("image_key") or next((c for c in ("image", "img") if c in cols), None)
     label_key = dcfg.get("label_key") or next(
-        (c for c in ("label", "labels", "fine_label") if c in cols), None)
+        (c for c in ("label", "labels", "fine_label") if c in cols), None
+    )
     if image_key not in cols or label_key not in cols:
-        raise DataError(f"hf: columns {cols}; set dataset.image_key and dataset.label_key to the "
-                        "image and label columns")
+        raise DataError(
+            f"hf: columns {cols}; set dataset.image_key and dataset.label_key to the "
+            "image and label columns"
+        )
     out: dict[str, Any] = {}
     for split in ("train", "test"):
         part = dd[split]
         images = part[image_key]
-        if images and not hasattr(images[0], "convert"):            # arrays, not PIL images
+        if images and not hasattr(images[0], "convert"):  # arrays, not PIL images
             from PIL import Image
 
             images = [Image.fromarray(np.asarray(im, dtype=np.uint8)) for im in images]
@@ -317,15 +338,20 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
         if x.ndim == 3:
             x = x[..., None]
         if x.ndim != 4 or x.shape[-1] not in (1, 3):
-            raise DataError(f"{name}: x_{split} must be N x H x W or N x H x W x C (C = 1 or 3), "
-                            f"got shape {x.shape}")
+            raise DataError(
+                f"{name}: x_{split} must be N x H x W or N x H x W x C (C = 1 or 3), "
+                f"got shape {x.shape}"
+            )
         if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-            raise DataError(f"{name}: y_{split} must be {len(x)} integer labels, got "
-                            f"{y.dtype} {y.shape}")
+            raise DataError(
+                f"{name}: y_{split} must be {len(x)} integer labels, got {y.dtype} {y.shape}"
+            )
         xs[split], ys[split] = x, y.astype(np.int64)
     if xs["train"].shape[1:] != xs["test"].shape[1:]:
-        raise DataError(f"{name}: train images {xs['train'].shape[1:]} and test images "
-                        f"{xs['test'].shape[1:]} differ in shape")
+        raise DataError(
+            f"{name}: train images {xs['train'].shape[1:]} and test images "
+            f"{xs['test'].shape[1:]} differ in shape"
+        )
     k = int(arrays.get("num_classes") or ys["train"].max() + 1)
     for split, y in ys.items():
         if y.min() < 0 or y.max() >= k:
@@ -339,8 +365,16 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
         mean, std = pixels.mean(0).tolist(), (pixels.std(0) + 1e-8).tolist()
     if len(mean) != channels or len(std) != channels:
         raise DataError(f"{name}: mean/std need {channels} values, got {mean} / {std}")
-    ds = Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], k,
-                 tuple(float(m) for m in mean), tuple(float(s) for s in std))
+    ds = Dataset(
+        name,
+        xs["train"],
+        ys["train"],
+        xs["test"],
+        ys["test"],
+        k,
+        tuple(float(m) for m in mean),
+        tuple(float(s) for s in std),
+    )
     return split_validation(ds, int(dcfg.get("val_size") or 0), int(dcfg.get("val_seed") or 0))
 
 
@@ -352,17 +386,32 @@ def split_validation(ds: Dataset, size: int, seed: int) -> Dataset:
         return ds
     n, k = len(ds.y_train), ds.num_classes
     if size > n // 2:
-        raise DataError(f"{ds.name}: dataset.val_size={size} leaves too few training images "
-                        f"({n} in all); use at most {n // 2}")
+        raise DataError(
+            f"{ds.name}: dataset.val_size={size} leaves too few training images "
+            f"({n} in all); use at most {n // 2}"
+        )
     rng = np.random.default_rng([seed, 4099])
     counts = np.bincount(ds.y_train, minlength=k)
-    share = np.floor(counts / n * size).astype(int)          # proportional, then the remainder
-    share[np.argsort(-(counts / n * size - share), kind="stable")[:size - share.sum()]] += 1
-    val = np.sort(np.concatenate([rng.choice(np.flatnonzero(ds.y_train == c), share[c],
-                                             replace=False) for c in range(k)]))
+    share = np.floor(counts / n * size).astype(int)  # proportional, then the remainder
+    share[np.argsort(-(counts / n * size - share), kind="stable")[: size - share.sum()]] += 1
+    val = np.sort(
+        np.concatenate(
+            [rng.choice(np.flatnonzero(ds.y_train == c), share[c], replace=False) for c in range(k)]
+        )
+    )
     keep = np.setdiff1d(np.arange(n), val)
-    return Dataset(ds.name, ds.x_train[keep], ds.y_train[keep], ds.x_test, ds.y_test, k,
-                   ds.mean, ds.std, ds.x_train[val], ds.y_train[val])
+    return Dataset(
+        ds.name,
+        ds.x_train[keep],
+        ds.y_train[keep],
+        ds.x_test,
+        ds.y_test,
+        k,
+        ds.mean,
+        ds.std,
+        ds.x_train[val],
+        ds.y_train[val],
+    )
 
 
 CLIENT_ARRAYS = ("x_labeled", "y_labeled", "x_unlabeled")
@@ -374,14 +423,18 @@ def read_client_file(path: str | Path, meta: dict[str, Any]) -> dict[str, np.nda
     dataset meta (classes, channels)."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"client data file not found: {file.resolve()} (node config data-path); "
-                        "write one per client with `feddb deploy export`")
+        raise DataError(
+            f"client data file not found: {file.resolve()} (node config data-path); "
+            "write one per client with `feddb deploy export`"
+        )
     try:
         with np.load(file, allow_pickle=False) as z:
             missing = [k for k in CLIENT_ARRAYS if k not in z.files]
             if missing:
-                raise DataError(f"{file}: missing arrays {missing}; a client file needs "
-                                f"{', '.join(CLIENT_ARRAYS)} (and optionally y_unlabeled)")
+                raise DataError(
+                    f"{file}: missing arrays {missing}; a client file needs "
+                    f"{', '.join(CLIENT_ARRAYS)} (and optionally y_unlabeled)"
+                )
             out = {k: z[k] for k in z.files if k in CLIENT_ARRAYS + ("y_unlabeled",)}
     except (OSError, ValueError) as err:
         if isinstance(err, DataError):
@@ -396,25 +449,35 @@ def read_client_file(path: str | Path, meta: dict[str, Any]) -> dict[str, np.nda
         if x.ndim == 3:
             x = out[f"x_{part}"] = x[..., None]
         if x.ndim != 4 or x.shape[-1] != meta["channels"]:
-            raise DataError(f"{file}: x_{part} must be N x H x W x {meta['channels']}, got {x.shape}")
-        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer) or \
-                y.max(initial=-1) >= meta["num_classes"]:
-            raise DataError(f"{file}: y_{part} must be {len(x)} labels below "
-                            f"{meta['num_classes']}")
+            raise DataError(
+                f"{file}: x_{part} must be N x H x W x {meta['channels']}, got {x.shape}"
+            )
+        if (
+            y.shape != (len(x),)
+            or not np.issubdtype(y.dtype, np.integer)
+            or y.max(initial=-1) >= meta["num_classes"]
+        ):
+            raise DataError(f"{file}: y_{part} must be {len(x)} labels below {meta['num_classes']}")
         out[f"y_{part}"] = y.astype(np.int64)
     if (out["y_labeled"] < 0).any() or len(out["y_labeled"]) == 0:
         raise DataError(f"{file}: y_labeled must hold at least one label, all >= 0")
     return out
 
 
-def write_client_files(ds: Dataset, labeled: list[np.ndarray], unlabeled: list[np.ndarray],
-                       out_dir: Path) -> list[Path]:
+def write_client_files(
+    ds: Dataset, labeled: list[np.ndarray], unlabeled: list[np.ndarray], out_dir: Path
+) -> list[Path]:
     """One file per client with only its own data, for deployment."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for pid, (li, ui) in enumerate(zip(labeled, unlabeled)):
         file = out_dir / f"client_{pid}.npz"
-        np.savez(file, x_labeled=ds.x_train[li], y_labeled=ds.y_train[li],
-                 x_unlabeled=ds.x_train[ui], y_unlabeled=ds.y_train[ui])
+        np.savez(
+            file,
+            x_labeled=ds.x_train[li],
+            y_labeled=ds.y_train[li],
+            x_unlabeled=ds.x_train[ui],
+            y_unlabeled=ds.y_train[ui],
+        )
         files.append(file)
     return files

@@ -32,7 +32,7 @@ class DMAResult:
     loss_uniform: float
     loss: float
     entropy: float
-    at_cap: int = 0          # clients whose weight the cap holds down
+    at_cap: int = 0  # clients whose weight the cap holds down
 
 
 def dma_loss(beta: np.ndarray, app_u: np.ndarray) -> float:
@@ -77,8 +77,9 @@ def cap_scale_np(beta: np.ndarray, upper: float) -> tuple[np.ndarray, np.ndarray
     return out, used
 
 
-def softmax_loss_grad(theta: np.ndarray, p: np.ndarray,
-                      upper: float = math.inf) -> tuple[np.ndarray, float, np.ndarray]:
+def softmax_loss_grad(
+    theta: np.ndarray, p: np.ndarray, upper: float = math.inf
+) -> tuple[np.ndarray, float, np.ndarray]:
     """The capped softmax weights of theta, DMA's loss and its gradient in theta, written out
     (what torch's autograd gives through softmax, cap_scale and _loss_t; tested)."""
     e = np.exp(theta - theta.max())
@@ -86,17 +87,18 @@ def softmax_loss_grad(theta: np.ndarray, p: np.ndarray,
     beta, fixed = cap_scale_np(soft, upper)
     diff = beta @ p - 1.0 / p.shape[1]
     loss = math.sqrt(float((diff * diff).sum()))
-    grad = p @ diff / loss if loss > 0 else np.zeros_like(theta)      # d loss / d beta
-    if fixed is not None:               # through the cap: the free weights scaled to fill c
+    grad = p @ diff / loss if loss > 0 else np.zeros_like(theta)  # d loss / d beta
+    if fixed is not None:  # through the cap: the free weights scaled to fill c
         free = ~fixed
         total = max(float(soft[free].sum()), 1e-300)
         inner = float((grad[free] * soft[free]).sum()) / total
         grad = np.where(free, (1.0 - upper * int(fixed.sum())) / total * (grad - inner), 0.0)
-    return beta, loss, soft * (grad - float((grad * soft).sum()))     # softmax's Jacobian
+    return beta, loss, soft * (grad - float((grad * soft).sum()))  # softmax's Jacobian
 
 
-def solve_softmax_sgd(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
-                      upper: float = math.inf) -> np.ndarray:
+def solve_softmax_sgd(
+    app_u: np.ndarray, steps: int = 100, lr: float = 1.0, upper: float = math.inf
+) -> np.ndarray:
     """solve_softmax with plain SGD in numpy: the same steps as with torch's autograd, 7x faster
     (100 steps on tiny tensors are all dispatch overhead in torch: 12 ms of every round's
     aggregation, on the round's critical path)."""
@@ -113,8 +115,13 @@ def solve_softmax_sgd(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
     return best_beta
 
 
-def solve_softmax(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
-                  optimizer: str = "sgd", upper: float = math.inf) -> np.ndarray:
+def solve_softmax(
+    app_u: np.ndarray,
+    steps: int = 100,
+    lr: float = 1.0,
+    optimizer: str = "sgd",
+    upper: float = math.inf,
+) -> np.ndarray:
     if optimizer == "sgd":
         return solve_softmax_sgd(app_u, steps, lr, upper)
     p = torch.as_tensor(app_u, dtype=torch.float64)
@@ -134,8 +141,9 @@ def solve_softmax(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
     return best_beta.numpy()
 
 
-def solve_literal(app_u: np.ndarray, steps: int = 100, lr: float = 1.0,
-                  upper: float = math.inf) -> np.ndarray:
+def solve_literal(
+    app_u: np.ndarray, steps: int = 100, lr: float = 1.0, upper: float = math.inf
+) -> np.ndarray:
     p = torch.as_tensor(app_u, dtype=torch.float64)
     beta = torch.full((p.shape[0],), 1.0 / p.shape[0], dtype=torch.float64)
     for _ in range(steps):
@@ -161,7 +169,7 @@ def project_capped_simplex(v: np.ndarray, upper: float) -> np.ndarray:
     shift t found by bisection (sum is monotone in t); the plain simplex when upper is inf."""
     if not math.isfinite(upper):
         return project_simplex(v)
-    lo, hi = float(v.min()) - upper, float(v.max())       # sum >= 1 at lo (m*upper >= 1), 0 at hi
+    lo, hi = float(v.min()) - upper, float(v.max())  # sum >= 1 at lo (m*upper >= 1), 0 at hi
     for _ in range(200):
         t = 0.5 * (lo + hi)
         if np.clip(v - t, 0.0, upper).sum() > 1.0:
@@ -174,8 +182,9 @@ def project_capped_simplex(v: np.ndarray, upper: float) -> np.ndarray:
     return w / w.sum()
 
 
-def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13,
-                upper: float = math.inf) -> np.ndarray:
+def solve_exact(
+    app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13, upper: float = math.inf
+) -> np.ndarray:
     p = np.asarray(app_u, dtype=np.float64)
     m, k = p.shape
     target = np.full(k, 1.0 / k)
@@ -194,16 +203,24 @@ def solve_exact(app_u: np.ndarray, iters: int = 20000, tol: float = 1e-13,
     return beta
 
 
-def dma_weights(app_u: np.ndarray, mode: str = "softmax", steps: int = 100, lr: float = 1.0,
-                optimizer: str = "sgd", cap: float | None = None) -> DMAResult:
+def dma_weights(
+    app_u: np.ndarray,
+    mode: str = "softmax",
+    steps: int = 100,
+    lr: float = 1.0,
+    optimizer: str = "sgd",
+    cap: float | None = None,
+) -> DMAResult:
     """DMA's weights for the rows of `app_u`; `cap` = kappa bounds each at kappa/m (None or inf:
     unbounded; kappa >= 1, since the weights must still sum to 1)."""
     app_u = np.asarray(app_u, dtype=np.float64)
     m = app_u.shape[0]
     kappa = math.inf if cap is None else float(cap)
     if kappa < 1:
-        raise ValueError(f"dma.cap={cap} is below 1: m weights of at most cap/m cannot sum to 1; "
-                         "use a cap >= 1 (e.g. 2) or null for the paper's unbounded DMA")
+        raise ValueError(
+            f"dma.cap={cap} is below 1: m weights of at most cap/m cannot sum to 1; "
+            "use a cap >= 1 (e.g. 2) or null for the paper's unbounded DMA"
+        )
     upper = kappa / m
     uniform = np.full(m, 1.0 / m)
     if mode == "softmax":
@@ -216,7 +233,7 @@ def dma_weights(app_u: np.ndarray, mode: str = "softmax", steps: int = 100, lr: 
         raise ValueError(f"unknown dma.mode '{mode}': choose softmax, literal, exact")
     beta = beta / beta.sum()
     if math.isfinite(upper):
-        beta = np.minimum(beta, upper)                    # rounding only: the solvers respect it
+        beta = np.minimum(beta, upper)  # rounding only: the solvers respect it
         beta = beta / beta.sum()
     nz = beta > 0
     ent = float(-np.sum(beta[nz] * np.log(beta[nz])))

@@ -80,7 +80,8 @@ def decompose(model: nn.Module, psi_factor: float, l1_thres: float) -> nn.Module
                 sigma = module.weight / (1.0 + psi_factor)
                 module.weight.copy_(sigma)
             parametrize.register_parametrization(
-                module, "weight", SigmaPlusPsi(psi_factor * sigma.clone(), l1_thres))
+                module, "weight", SigmaPlusPsi(psi_factor * sigma.clone(), l1_thres)
+            )
     return model
 
 
@@ -95,8 +96,9 @@ def is_psi(name: str) -> bool:
 def decomposed_pairs(model: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter]]:
     """(sigma, psi) of every decomposed layer."""
     params = dict(model.named_parameters())
-    return [(params[n], params[n[:-len(SIGMA_SUFFIX)] + PSI_SUFFIX])
-            for n in params if is_sigma(n)]
+    return [
+        (params[n], params[n[: -len(SIGMA_SUFFIX)] + PSI_SUFFIX]) for n in params if is_sigma(n)
+    ]
 
 
 def split_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -136,9 +138,13 @@ def helper_models(model: nn.Module, helper_psi: list[dict[str, torch.Tensor]]) -
     return out
 
 
-def agreement_labels(local_probs: torch.Tensor, helper_probs: list[torch.Tensor], tau: float,
-                     prior: torch.Tensor | None = None,
-                     eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def agreement_labels(
+    local_probs: torch.Tensor,
+    helper_probs: list[torch.Tensor],
+    tau: float,
+    prior: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pseudo-labels by majority vote of the local model and the helpers (ties: lowest class) and
     the confidence mask of the local model; all probabilities debiased first when a prior is given."""
     if prior is not None:
@@ -174,7 +180,7 @@ def nearest_helpers(embeddings: dict[int, np.ndarray], pid: int, h: int) -> list
     if pid not in embeddings or h <= 0 or len(embeddings) < 2:
         return []
     pids = sorted(embeddings)
-    from scipy.spatial import cKDTree     # here: scipy.spatial costs 0.4 s of every start-up
+    from scipy.spatial import cKDTree  # here: scipy.spatial costs 0.4 s of every start-up
 
     tree = cKDTree(np.stack([embeddings[p] for p in pids]))
     k = min(h + 1, len(pids))
@@ -196,9 +202,14 @@ class FedMatchTrainer(LocalTrainer):
         self.sigma_side, self.psi_side = split_parameters(model)
         momentum = self.tr["momentum"]
         return SGD(
-            [{"params": self.sigma_side, "weight_decay": self.tr["weight_decay"]},
-             {"params": self.psi_side, "weight_decay": 0.0}],
-            lr=lr, momentum=momentum, nesterov=self.tr["nesterov"] and momentum > 0)
+            [
+                {"params": self.sigma_side, "weight_decay": self.tr["weight_decay"]},
+                {"params": self.psi_side, "weight_decay": 0.0},
+            ],
+            lr=lr,
+            momentum=momentum,
+            nesterov=self.tr["nesterov"] and momentum > 0,
+        )
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
         """The view labels, pseudo-labels and KL use: raw images (official) or weak views."""
@@ -207,14 +218,16 @@ class FedMatchTrainer(LocalTrainer):
     def begin_round(self, model, data, probs_u, prior):
         self.helpers = helper_models(model, self.helper_psi)
         x = self.view(data.x_u)
-        labels, mask = agreement_labels(self.predict(model, x),
-                                        [self.predict(h, x) for h in self.helpers],
-                                        self.tr["tau"], prior if self.dpl else None,
-                                        self.cfg["app_u"]["eps"])
+        labels, mask = agreement_labels(
+            self.predict(model, x),
+            [self.predict(h, x) for h in self.helpers],
+            self.tr["tau"],
+            prior if self.dpl else None,
+            self.cfg["app_u"]["eps"],
+        )
         return {**self.label_stats(labels, mask, data), "num_helpers": len(self.helpers)}
 
-    def _update(self, opt: SGD, loss: torch.Tensor,
-                params: list[nn.Parameter]) -> None:
+    def _update(self, opt: SGD, loss: torch.Tensor, params: list[nn.Parameter]) -> None:
         """One optimiser step on `params` only (the others are frozen, so SGD skips them)."""
         trainable = {id(p) for p in params}
         for p in self.sigma_side + self.psi_side:
@@ -233,37 +246,45 @@ class FedMatchTrainer(LocalTrainer):
 
     def step(self, model, opt, data, lab_idx, unl_idx, prior):
         ce = self.supervised_step(model, opt, data, lab_idx)
-        if self.lambda_u == 0:                      # warm-up round: the sigma step only
+        if self.lambda_u == 0:  # warm-up round: the sigma step only
             return ce, torch.zeros((), device=ce.device)
         return ce, self.unsupervised_step(model, opt, data, unl_idx, prior)
 
-    def supervised_step(self, model: nn.Module, opt: SGD, data,
-                        lab_idx: torch.Tensor) -> torch.Tensor:
+    def supervised_step(
+        self, model: nn.Module, opt: SGD, data, lab_idx: torch.Tensor
+    ) -> torch.Tensor:
         """lambda_s * CE on labeled data; updates the sigma side only (psi frozen)."""
         self._freeze(self.psi_side)
-        ce = F.cross_entropy(self.forward(model, self.norm(self.view(data.x_l[lab_idx]))),
-                             data.y_l[lab_idx])
+        ce = F.cross_entropy(
+            self.forward(model, self.norm(self.view(data.x_l[lab_idx]))), data.y_l[lab_idx]
+        )
         self._update(opt, self.cfg["method"]["lambda_s"] * ce, self.sigma_side)
         return ce.detach()
 
-    def unsupervised_step(self, model: nn.Module, opt: SGD, data,
-                          unl_idx: torch.Tensor | None, prior: torch.Tensor) -> torch.Tensor:
+    def unsupervised_step(
+        self, model: nn.Module, opt: SGD, data, unl_idx: torch.Tensor | None, prior: torch.Tensor
+    ) -> torch.Tensor:
         """Agreement-label CE, inter-client KL and the L1/L2 terms; updates psi only."""
         m = self.cfg["method"]
         self._freeze(self.sigma_side)
         idx = torch.arange(len(data.y_u), device=self.device) if unl_idx is None else unl_idx
         u = data.x_u[idx]
         x = self.norm(self.view(u))
-        with torch.set_grad_enabled(bool(self.helpers)):     # p_l needs a graph only for the KL
+        with torch.set_grad_enabled(bool(self.helpers)):  # p_l needs a graph only for the KL
             logits_l = self.forward(model, x)
         with torch.no_grad():
             p_h = [F.softmax(self.forward(h, x), 1) for h in self.helpers]
-        labels, mask = agreement_labels(F.softmax(logits_l.detach(), 1), p_h, self.tr["tau"],
-                                        prior if self.dpl else None, self.cfg["app_u"]["eps"])
+        labels, mask = agreement_labels(
+            F.softmax(logits_l.detach(), 1),
+            p_h,
+            self.tr["tau"],
+            prior if self.dpl else None,
+            self.cfg["app_u"]["eps"],
+        )
         l1, l2 = regularisers(model, m["l2_reduction"])
         loss = m["lambda_l1"] * l1 + m["lambda_l2"] * l2
         conf = mask.nonzero(as_tuple=True)[0]
-        if len(conf):                  # host sync: the strong pass runs on confident samples only
+        if len(conf):  # host sync: the strong pass runs on confident samples only
             x_s = self.norm(augment.strong(u[conf], self.flip, self.gen))
             loss = loss + m["lambda_a"] * F.cross_entropy(self.forward(model, x_s), labels[conf])
             if p_h:

@@ -11,7 +11,9 @@ def app_u(probs: torch.Tensor) -> torch.Tensor:
     return probs.mean(dim=0)
 
 
-def momentum_update(prior: torch.Tensor, epoch_estimate: torch.Tensor, gamma: float) -> torch.Tensor:
+def momentum_update(
+    prior: torch.Tensor, epoch_estimate: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """p_bar <- gamma * p_bar + (1 - gamma) * p_bar^e (Algorithm 2)."""
     return gamma * prior + (1.0 - gamma) * epoch_estimate
 
@@ -22,8 +24,9 @@ def debias(probs: torch.Tensor, prior: torch.Tensor, eps: float = 1e-6) -> torch
     return scaled / scaled.sum(dim=1, keepdim=True)
 
 
-def pseudo_label(probs: torch.Tensor, tau: float, prior: torch.Tensor | None = None,
-                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def pseudo_label(
+    probs: torch.Tensor, tau: float, prior: torch.Tensor | None = None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Hard pseudo-labels and the confidence mask max p >= tau; debiased first when a prior is given."""
     if prior is not None:
         probs = debias(probs, prior, eps)

@@ -29,8 +29,18 @@ def _check_semifl(m: dict[str, Any]) -> None:
 
 def _check_fedmatch(m: dict[str, Any]) -> None:
     cfg = {"method": m}
-    number(cfg, "method.lambda_s", "method.lambda_a", "method.lambda_i", "method.lambda_l1",
-           "method.lambda_l2", "method.l1_thres", "method.psi_factor", low=0, default=None)
+    number(
+        cfg,
+        "method.lambda_s",
+        "method.lambda_a",
+        "method.lambda_i",
+        "method.lambda_l1",
+        "method.lambda_l2",
+        "method.l1_thres",
+        "method.psi_factor",
+        low=0,
+        default=None,
+    )
     choice(cfg, "method.l2_reduction", ("mean", "sum"), default=None)
     integer(cfg, "method.num_helpers", low=0, default=None)
     integer(cfg, "method.helper_interval", "method.probe_size", low=1, default=None)
@@ -38,8 +48,8 @@ def _check_fedmatch(m: dict[str, Any]) -> None:
 
 
 class Trainer(NamedTuple):
-    target: str                                  # module:class of the LocalTrainer
-    check: Callable[[dict[str, Any]], None]      # its own parameters under `method`
+    target: str  # module:class of the LocalTrainer
+    check: Callable[[dict[str, Any]], None]  # its own parameters under `method`
 
 
 TRAINERS: dict[str, Trainer] = {
@@ -64,8 +74,9 @@ def trainer_class(name: str) -> type[LocalTrainer]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_trainer(cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple,
-                 device: torch.device) -> LocalTrainer:
+def make_trainer(
+    cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device
+) -> LocalTrainer:
     return trainer_class(cfg["method"]["trainer"])(cfg, ds_mean, ds_std, device)
 
 

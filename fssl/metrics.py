@@ -37,11 +37,12 @@ def entropy(w: np.ndarray) -> float:
     return float(-np.sum(w[nz] * np.log(w[nz])))
 
 
-COLLAPSE_SHARE = 0.5     # a model predicting one class for more than half of a balanced test set
+COLLAPSE_SHARE = 0.5  # a model predicting one class for more than half of a balanced test set
 
 
-def prediction_stats(pred: np.ndarray, conf: np.ndarray, target: np.ndarray,
-                     num_classes: int, bins: int = 15) -> dict:
+def prediction_stats(
+    pred: np.ndarray, conf: np.ndarray, target: np.ndarray, num_classes: int, bins: int = 15
+) -> dict:
     """The collapse signal and calibration of one model's test predictions: the predicted-class
     histogram, the share of the most-predicted class, the histogram's entropy in bits (log2 K when
     every class is predicted equally often, 0 for one class), and the expected calibration error
@@ -51,9 +52,16 @@ def prediction_stats(pred: np.ndarray, conf: np.ndarray, target: np.ndarray,
     nz = share[share > 0]
     edges = np.minimum((conf * bins).astype(int), bins - 1)
     correct = (pred == target).astype(np.float64)
-    ece = sum(abs(correct[edges == b].mean() - conf[edges == b].mean()) * (edges == b).sum()
-              for b in range(bins) if (edges == b).any()) / max(len(pred), 1)
-    return {"predicted_histogram": hist.tolist(), "top_class_share": float(share.max()),
-            "prediction_entropy": abs(float((nz * np.log2(nz)).sum())), "ece": float(ece),
-            "mean_confidence": float(conf.mean()) if len(conf) else 0.0,
-            "collapsed": bool(share.max() > COLLAPSE_SHARE)}
+    ece = sum(
+        abs(correct[edges == b].mean() - conf[edges == b].mean()) * (edges == b).sum()
+        for b in range(bins)
+        if (edges == b).any()
+    ) / max(len(pred), 1)
+    return {
+        "predicted_histogram": hist.tolist(),
+        "top_class_share": float(share.max()),
+        "prediction_entropy": abs(float((nz * np.log2(nz)).sum())),
+        "ece": float(ece),
+        "mean_confidence": float(conf.mean()) if len(conf) else 0.0,
+        "collapsed": bool(share.max() > COLLAPSE_SHARE),
+    }

@@ -42,8 +42,16 @@ class BasicBlock(nn.Module):
 
 
 class WideResNet(nn.Module):
-    def __init__(self, num_classes: int, in_channels: int = 3, depth: int = 28, widen: int = 2,
-                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 3,
+        depth: int = 28,
+        widen: int = 2,
+        norm: str = "batchstat",
+        gn_groups: int = 8,
+        bn_momentum: float = 0.1,
+    ) -> None:
         super().__init__()
         n = (depth - 4) // 6
         ch = [16, 16 * widen, 32 * widen, 64 * widen]
@@ -75,37 +83,50 @@ class MaxPool2x2(nn.MaxPool2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or x.dim() != 4:
             return super().forward(x)
-        h, w = x.shape[2] // 2 * 2, x.shape[3] // 2 * 2          # floor, as max_pool2d
+        h, w = x.shape[2] // 2 * 2, x.shape[3] // 2 * 2  # floor, as max_pool2d
         rows = torch.maximum(x[:, :, 0:h:2], x[:, :, 1:h:2])
         return torch.maximum(rows[..., 0:w:2], rows[..., 1:w:2])
 
 
 def batch_dependent(model: nn.Module) -> bool:
     """Whether a sample's output in eval mode depends on its batch (batch-statistics BN)."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
-               for m in model.modules())
+    return any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
+        for m in model.modules()
+    )
 
 
 class SmallCNN(nn.Module):
     """Three conv-norm-ReLU blocks (two max-pools), global average pool, linear head."""
 
-    def __init__(self, num_classes: int, in_channels: int = 1, width: int = 16,
-                 norm: str = "batchstat", gn_groups: int = 8, bn_momentum: float = 0.1,
-                 hidden: int = 0, image_size: int = 28) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int = 1,
+        width: int = 16,
+        norm: str = "batchstat",
+        gn_groups: int = 8,
+        bn_momentum: float = 0.1,
+        hidden: int = 0,
+        image_size: int = 28,
+    ) -> None:
         super().__init__()
         w = [width, 2 * width, 4 * width]
         layers: list[nn.Module] = []
         cin = in_channels
         for i, cout in enumerate(w):
-            layers += [nn.Conv2d(cin, cout, 3, 1, 1, bias=False),
-                       norm_layer(norm, cout, gn_groups, bn_momentum), nn.ReLU()]
+            layers += [
+                nn.Conv2d(cin, cout, 3, 1, 1, bias=False),
+                norm_layer(norm, cout, gn_groups, bn_momentum),
+                nn.ReLU(),
+            ]
             if i < 2:
                 layers.append(MaxPool2x2())
             cin = cout
-        if hidden:     # keep where features are: flatten the last map, one hidden layer
+        if hidden:  # keep where features are: flatten the last map, one hidden layer
             side = image_size // 4
             layers += [nn.Flatten(), nn.Linear(w[-1] * side * side, hidden), nn.ReLU()]
-        else:          # global average pool
+        else:  # global average pool
             layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(hidden or w[-1], num_classes)
@@ -126,14 +147,23 @@ def _init(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def build_model(mcfg: dict[str, Any], num_classes: int, in_channels: int,
-                image_size: int = 28) -> nn.Module:
-    common = dict(norm=mcfg["norm"], gn_groups=mcfg.get("gn_groups", 8),
-                  bn_momentum=mcfg.get("bn_momentum", 0.1))
+def build_model(
+    mcfg: dict[str, Any], num_classes: int, in_channels: int, image_size: int = 28
+) -> nn.Module:
+    common = dict(
+        norm=mcfg["norm"],
+        gn_groups=mcfg.get("gn_groups", 8),
+        bn_momentum=mcfg.get("bn_momentum", 0.1),
+    )
     if mcfg["name"] == "cnn":
-        return SmallCNN(num_classes, in_channels, width=mcfg.get("width", 16),
-                        hidden=mcfg.get("hidden", 0), image_size=image_size, **common)
+        return SmallCNN(
+            num_classes,
+            in_channels,
+            width=mcfg.get("width", 16),
+            hidden=mcfg.get("hidden", 0),
+            image_size=image_size,
+            **common,
+        )
     if mcfg["name"] == "wrn28_2":
         return WideResNet(num_classes, in_channels, depth=28, widen=mcfg.get("width", 2), **common)
     raise ValueError(f"unknown model '{mcfg['name']}': choose cnn, wrn28_2")
-

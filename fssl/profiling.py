@@ -28,7 +28,9 @@ def profiled(side: str) -> Callable:
             finally:
                 prof.disable()
                 prof.dump_stats(os.path.join(directory, f"{side}-{os.getpid()}.prof"))
+
         return wrapper
+
     return decorate
 
 
@@ -37,10 +39,10 @@ def stat_fields(pid: int | str) -> list[str] | None:
     [19] starttime
     (None if the process is gone or there is no /proc)."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def alive(pid: int | str) -> bool:
@@ -72,7 +74,7 @@ def process_start(pid: int | str = "self") -> float | None:
         return None
     try:
         ticks = int(fields[19])
-        uptime = float(open("/proc/uptime").read().split()[0])    # /proc/stat's btime is whole s
+        uptime = float(Path("/proc/uptime").read_text().split()[0])  # /proc/stat's btime is whole s
         return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
@@ -83,7 +85,7 @@ def ancestor_start(name: str) -> float | None:
     pid = os.getpid()
     while pid > 1:
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             return None
         if name in cmd:
@@ -106,7 +108,8 @@ class Timeline:
             "launch": float(launch) if launch else None,
             "superlink_start": ancestor_start("flower-superlink"),
             "superexec_start": ancestor_start("flower-superexec"),
-            "process_start": process_start()}
+            "process_start": process_start(),
+        }
         self.mark("server_main")
         self.written = False
 

@@ -60,14 +60,21 @@ def provenance(device: str) -> dict[str, Any]:
     commit, dirty = code_commit()
     try:
         from importlib.metadata import version
+
         flwr_version = version("flwr")
     except Exception:  # noqa: BLE001 - a version string is a nicety
         flwr_version = None
     cpu = cpu_name()
     if device.startswith("cuda") and torch.cuda.is_available():
         cpu = torch.cuda.get_device_name(0)
-    return {"commit": commit, "dirty": dirty,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "hardware": f"{cpu}, {os.cpu_count()} cores", "device": device,
-            "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "flwr": flwr_version}
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "hardware": f"{cpu}, {os.cpu_count()} cores",
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "flwr": flwr_version,
+    }

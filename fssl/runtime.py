@@ -16,8 +16,7 @@ from .methods import make_model
 from .partition import Partition, partition_from_cfg
 from .train import ClientData, client_data, to_nchw
 
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3       # glibc's mallopt parameters
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
@@ -30,15 +29,21 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
-                    and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):          # not glibc (musl has no mallopt)
+        return bool(
+            libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+            and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
+        )
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
 
 
 def _data_key(cfg: dict) -> str:
-    keys = {"dataset": cfg["dataset"], "partition": cfg["partition"], "seed": cfg["seed"],
-            "num_clients": cfg["fl"]["num_clients"]}
+    keys = {
+        "dataset": cfg["dataset"],
+        "partition": cfg["partition"],
+        "seed": cfg["seed"],
+        "num_clients": cfg["fl"]["num_clients"],
+    }
     return json.dumps(keys, sort_keys=True)
 
 
@@ -55,8 +60,12 @@ def dataset_for(cfg: dict) -> Dataset:
 def _partition(key: str) -> Partition:
     cfg = json.loads(key)
     ds = _dataset(json.dumps(cfg["dataset"], sort_keys=True))
-    full = {"dataset": cfg["dataset"], "partition": cfg["partition"], "seed": cfg["seed"],
-            "fl": {"num_clients": cfg["num_clients"]}}
+    full = {
+        "dataset": cfg["dataset"],
+        "partition": cfg["partition"],
+        "seed": cfg["seed"],
+        "fl": {"num_clients": cfg["num_clients"]},
+    }
     return partition_from_cfg(full, ds.y_train, ds.num_classes)
 
 
@@ -66,24 +75,32 @@ def partition_for(cfg: dict) -> Partition:
 
 def data_meta(ds: Dataset) -> dict:
     """What a client needs to know of the dataset without holding it."""
-    return {"num_classes": ds.num_classes, "channels": ds.image_shape[0],
-            "mean": list(ds.mean), "std": list(ds.std), "image_shape": list(ds.image_shape)}
+    return {
+        "num_classes": ds.num_classes,
+        "channels": ds.image_shape[0],
+        "mean": list(ds.mean),
+        "std": list(ds.std),
+        "image_shape": list(ds.image_shape),
+    }
 
 
 _CLIENTS: dict[tuple, ClientData] = {}
 
 
-def client_data_for(cfg: dict, pid: int, device: torch.device,
-                    own_file: str | None = None) -> ClientData:
+def client_data_for(
+    cfg: dict, pid: int, device: torch.device, own_file: str | None = None
+) -> ClientData:
     """The client's labeled/unlabeled tensors, resident on `device`, built once per process:
     its partition of the dataset (simulation) or its own file (deployment)."""
     key = (own_file or _data_key(cfg), pid, str(device))
     if key not in _CLIENTS and own_file:
         a = read_client_file(own_file, cfg["data_meta"])
-        _CLIENTS[key] = ClientData(to_nchw(a["x_labeled"], device),
-                                   torch.from_numpy(a["y_labeled"]).to(device),
-                                   to_nchw(a["x_unlabeled"], device),
-                                   torch.from_numpy(a["y_unlabeled"]).to(device))
+        _CLIENTS[key] = ClientData(
+            to_nchw(a["x_labeled"], device),
+            torch.from_numpy(a["y_labeled"]).to(device),
+            to_nchw(a["x_unlabeled"], device),
+            torch.from_numpy(a["y_unlabeled"]).to(device),
+        )
     if key not in _CLIENTS:
         part = partition_for(cfg)
         if not 0 <= pid < part.num_clients:
@@ -99,8 +116,12 @@ def model_for(cfg: dict, device: torch.device) -> nn.Module:
     """One model object per architecture and process, on `device`: each round loads the received
     state into it, so a worker builds (and, with train.compile, compiles) it once."""
     meta = cfg["data_meta"]
-    key = (json.dumps([cfg["model"], cfg["method"]], sort_keys=True), meta["num_classes"],
-           meta["channels"], str(device))
+    key = (
+        json.dumps([cfg["model"], cfg["method"]], sort_keys=True),
+        meta["num_classes"],
+        meta["channels"],
+        str(device),
+    )
     if key not in _MODELS:
         _MODELS[key] = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
     return _MODELS[key]

@@ -27,7 +27,7 @@ class SemiFL(LocalTrainer):
     def begin_round(self, model, data, probs_u, prior):
         eps = self.cfg["app_u"]["eps"]
         labels, mask = pseudo_label(probs_u, self.tr["tau"], prior if self.dpl else None, eps)
-        self.pl_labels = labels                       # every sample's label: mix partners use it
+        self.pl_labels = labels  # every sample's label: mix partners use it
         self.fix_idx = mask.nonzero(as_tuple=True)[0]
         return self.label_stats(labels, mask, data)
 
@@ -38,13 +38,15 @@ class SemiFL(LocalTrainer):
         fix = self.fix_idx if unl_idx is None else self.fix_idx[unl_idx]
         if len(fix) == 0:
             return None, 0, None
-        partners = torch.randint(len(data.y_u), (len(fix),), generator=self.gen,
-                                 device=self.device)
+        partners = torch.randint(len(data.y_u), (len(fix),), generator=self.gen, device=self.device)
         lam = float(self.rng.beta(self.cfg["method"]["mix_alpha"], self.cfg["method"]["mix_alpha"]))
         self.last_lambda = lam
         x_fix = self.norm(augment.strong(data.x_u[fix], self.flip, self.gen))
-        x_mix = mixup(self.norm(augment.weak(data.x_u[fix], self.flip, self.gen)),
-                      self.norm(augment.weak(data.x_u[partners], self.flip, self.gen)), lam)
+        x_mix = mixup(
+            self.norm(augment.weak(data.x_u[fix], self.flip, self.gen)),
+            self.norm(augment.weak(data.x_u[partners], self.flip, self.gen)),
+            lam,
+        )
         y_fix, y_partner = self.pl_labels[fix], self.pl_labels[partners]
         n = len(fix)
 

@@ -16,14 +16,28 @@ import torch
 
 
 class SGD:
-    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0,
-                 nesterov: bool = False, weight_decay: float = 0.0,
-                 foreach: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        foreach: bool | None = None,
+    ) -> None:
         items = list(params)
         groups = items if items and isinstance(items[0], dict) else [{"params": items}]
-        self.param_groups = [{"lr": lr, "momentum": momentum, "nesterov": nesterov,
-                              "weight_decay": weight_decay, **g, "params": list(g["params"])}
-                             for g in groups]
+        self.param_groups = [
+            {
+                "lr": lr,
+                "momentum": momentum,
+                "nesterov": nesterov,
+                "weight_decay": weight_decay,
+                **g,
+                "params": list(g["params"]),
+            }
+            for g in groups
+        ]
         self.state: defaultdict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
         self.foreach = foreach
 
@@ -69,7 +83,7 @@ class SGD:
                 torch._foreach_mul_([bufs[i] for i in old], momentum)
                 torch._foreach_add_([bufs[i] for i in old], [grads[i] for i in old], alpha=1.0)
             for i, b in enumerate(bufs):
-                if b is None:                     # a buffer starts as the parameter's first grad
+                if b is None:  # a buffer starts as the parameter's first grad
                     bufs[i] = self.state[params[i]]["momentum_buffer"] = grads[i].detach().clone()
             grads = torch._foreach_add(grads, bufs, alpha=momentum) if group["nesterov"] else bufs
         torch._foreach_add_(params, grads, alpha=-lr)

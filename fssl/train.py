@@ -25,7 +25,7 @@ from .models import batch_dependent
 from .partition import Partition
 from .sgd import SGD
 
-CPU_EVAL_BATCH = 100     # images per CPU evaluation batch: activations that stay in cache
+CPU_EVAL_BATCH = 100  # images per CPU evaluation batch: activations that stay in cache
 
 
 def no_grad_batch(model: nn.Module, x: torch.Tensor, batch_size: int) -> int:
@@ -40,10 +40,10 @@ def no_grad_batch(model: nn.Module, x: torch.Tensor, batch_size: int) -> int:
 
 @dataclass
 class ClientData:
-    x_l: torch.Tensor          # uint8 N_l x C x H x W, on the training device
+    x_l: torch.Tensor  # uint8 N_l x C x H x W, on the training device
     y_l: torch.Tensor
-    x_u: torch.Tensor          # uint8 N_u x C x H x W (own labeled images included)
-    y_u: torch.Tensor          # hidden true labels, used for metrics only
+    x_u: torch.Tensor  # uint8 N_u x C x H x W (own labeled images included)
+    y_u: torch.Tensor  # hidden true labels, used for metrics only
 
 
 def to_nchw(x: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -54,8 +54,12 @@ def to_nchw(x: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def client_data(ds: Dataset, part: Partition, pid: int, device: torch.device) -> ClientData:
     li, ui = part.labeled[pid], part.unlabeled[pid]
-    return ClientData(to_nchw(ds.x_train[li], device), torch.from_numpy(ds.y_train[li]).to(device),
-                      to_nchw(ds.x_train[ui], device), torch.from_numpy(ds.y_train[ui]).to(device))
+    return ClientData(
+        to_nchw(ds.x_train[li], device),
+        torch.from_numpy(ds.y_train[li]).to(device),
+        to_nchw(ds.x_train[ui], device),
+        torch.from_numpy(ds.y_train[ui]).to(device),
+    )
 
 
 def client_seed(seed: int, server_round: int, pid: int) -> int:
@@ -74,7 +78,7 @@ class LocalTrainer:
     """Base: supervised loss on labeled weak views; subclasses add the unlabeled part."""
 
     uses_unlabeled = False
-    proximal_mu = 0.0         # FedProx's mu for the round (fit's `proximal_mu`)
+    proximal_mu = 0.0  # FedProx's mu for the round (fit's `proximal_mu`)
 
     def __init__(self, cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device):
         self.cfg, self.tr = cfg, cfg["train"]
@@ -86,7 +90,7 @@ class LocalTrainer:
         cl = self.tr["channels_last"]
         self.channels_last = cl is True or (cl == "auto" and accel)
         self.compiled: nn.Module | None = None
-        self.num_classes = cfg.get("data_meta", {}).get("num_classes", 0)     # fit: from APP-U
+        self.num_classes = cfg.get("data_meta", {}).get("num_classes", 0)  # fit: from APP-U
 
     # -- helpers ---------------------------------------------------------------------------
     def norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,22 +111,30 @@ class LocalTrainer:
         was_training = model.training
         model.eval()
         bs = no_grad_batch(model, x, self.tr["infer_batch_size"])
-        out = torch.cat([F.softmax(self.forward(model, self.norm(x[i:i + bs])), 1)
-                         for i in range(0, len(x), bs)])
+        out = torch.cat(
+            [
+                F.softmax(self.forward(model, self.norm(x[i : i + bs])), 1)
+                for i in range(0, len(x), bs)
+            ]
+        )
         model.train(was_training)
         return out
 
     def weak_probs(self, model: nn.Module, data: ClientData) -> torch.Tensor:
         return self.predict(model, augment.weak(data.x_u, self.flip, self.gen))
 
-    def label_stats(self, labels: torch.Tensor, mask: torch.Tensor,
-                    data: ClientData) -> dict[str, float]:
+    def label_stats(
+        self, labels: torch.Tensor, mask: torch.Tensor, data: ClientData
+    ) -> dict[str, float]:
         """Ratio of confident pseudo-labels and their accuracy against the hidden true labels."""
         n_conf = int(mask.sum())
-        out = {"pseudo_label_ratio": n_conf / max(len(mask), 1), "pseudo_label_count": n_conf,
-               "pseudo_label_histogram":        # classes of the confident pseudo-labels
-               torch.bincount(labels[mask], minlength=self.num_classes).tolist()}
-        if bool((data.y_u >= 0).all()):        # hidden labels known (simulation, exported files)
+        out = {
+            "pseudo_label_ratio": n_conf / max(len(mask), 1),
+            "pseudo_label_count": n_conf,
+            "pseudo_label_histogram":  # classes of the confident pseudo-labels
+            torch.bincount(labels[mask], minlength=self.num_classes).tolist(),
+        }
+        if bool((data.y_u >= 0).all()):  # hidden labels known (simulation, exported files)
             correct = labels == data.y_u
             out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
             out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
@@ -130,12 +142,17 @@ class LocalTrainer:
 
     # -- hooks -----------------------------------------------------------------------------
     def make_optimizer(self, model: nn.Module, lr: float) -> SGD:
-        return SGD(model.parameters(), lr=lr, momentum=self.tr["momentum"],
-                               nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
-                               weight_decay=self.tr["weight_decay"])
+        return SGD(
+            model.parameters(),
+            lr=lr,
+            momentum=self.tr["momentum"],
+            nesterov=self.tr["nesterov"] and self.tr["momentum"] > 0,
+            weight_decay=self.tr["weight_decay"],
+        )
 
-    def begin_round(self, model: nn.Module, data: ClientData, probs_u: torch.Tensor,
-                    prior: torch.Tensor) -> dict[str, float]:
+    def begin_round(
+        self, model: nn.Module, data: ClientData, probs_u: torch.Tensor, prior: torch.Tensor
+    ) -> dict[str, float]:
         """Called once with the received model's weak-view probabilities and APP-U."""
         return {}
 
@@ -144,14 +161,19 @@ class LocalTrainer:
         return len(data.y_u)
 
     # -- the round -------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, lr: float, seed: int,
-                helpers: list[dict[str, torch.Tensor]] | None = None,
-                momentum: dict[str, torch.Tensor] | None = None) -> SGD:
+    def prepare(
+        self,
+        model: nn.Module,
+        lr: float,
+        seed: int,
+        helpers: list[dict[str, torch.Tensor]] | None = None,
+        momentum: dict[str, torch.Tensor] | None = None,
+    ) -> SGD:
         """Seed the round's random streams, put the model on the device in its memory format
         (compiled when asked) and return its optimiser, seeded with `momentum` buffers if given."""
         torch.manual_seed(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.rng = np.random.default_rng(seed)           # host-side draws (e.g. mixup lambda)
+        self.rng = np.random.default_rng(seed)  # host-side draws (e.g. mixup lambda)
         self.helper_psi = helpers or []
         model.to(self.device).train()
         if self.channels_last:
@@ -165,10 +187,17 @@ class LocalTrainer:
                 opt.state[params[name]]["momentum_buffer"] = buf.to(self.device, torch.float32)
         return opt
 
-    def fit(self, model: nn.Module, data: ClientData, lr: float, seed: int,
-            helpers: list[dict[str, torch.Tensor]] | None = None,
-            momentum: dict[str, torch.Tensor] | None = None,
-            lambda_u: float | None = None, proximal_mu: float = 0.0) -> dict[str, Any]:
+    def fit(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        lr: float,
+        seed: int,
+        helpers: list[dict[str, torch.Tensor]] | None = None,
+        momentum: dict[str, torch.Tensor] | None = None,
+        lambda_u: float | None = None,
+        proximal_mu: float = 0.0,
+    ) -> dict[str, Any]:
         """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
         `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
         `client`); the round's final buffers are left in `self.momentum_out`. `lambda_u`: the
@@ -179,8 +208,9 @@ class LocalTrainer:
         self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
         opt = self.prepare(model, lr, seed, helpers, momentum)
         self.proximal_mu = float(proximal_mu)
-        self.anchor = ([p.detach().clone() for p in model.parameters()]
-                       if self.proximal_mu > 0 else [])
+        self.anchor = (
+            [p.detach().clone() for p in model.parameters()] if self.proximal_mu > 0 else []
+        )
         params = dict(model.named_parameters())
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
@@ -202,28 +232,34 @@ class LocalTrainer:
             if after_update:
                 epoch_probs = self.weak_probs(model, data)
             prior = momentum_update(prior, app_u(epoch_probs), gamma)
-        self.momentum_out = {n: opt.state[p]["momentum_buffer"].detach().cpu()
-                             for n, p in params.items()
-                             if opt.state.get(p, {}).get("momentum_buffer") is not None}
-        metrics.update({
-            "num_labeled": int(len(data.y_l)), "num_unlabeled": int(len(data.y_u)),
-            "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),
-            "app_u": prior.cpu().double().tolist(), "app_u_global": prior0.cpu().double().tolist(),
-            "loss_sup": float(torch.stack(sup_losses).mean()) if sup_losses else 0.0,
-            # the received model's labeled loss (its first step's): q-FFL's F_k(w_t) (QFedAvg)
-            "train_loss": float(sup_losses[0]) if sup_losses else 0.0,
-            "loss_unsup": float(torch.stack(unsup_losses).mean()) if unsup_losses else 0.0,
-            "train_seconds": time.perf_counter() - t0,
-        })
+        self.momentum_out = {
+            n: opt.state[p]["momentum_buffer"].detach().cpu()
+            for n, p in params.items()
+            if opt.state.get(p, {}).get("momentum_buffer") is not None
+        }
+        metrics.update(
+            {
+                "num_labeled": int(len(data.y_l)),
+                "num_unlabeled": int(len(data.y_u)),
+                "labeled_histogram": torch.bincount(data.y_l, minlength=len(prior0)).tolist(),
+                "app_u": prior.cpu().double().tolist(),
+                "app_u_global": prior0.cpu().double().tolist(),
+                "loss_sup": float(torch.stack(sup_losses).mean()) if sup_losses else 0.0,
+                # the received model's labeled loss (its first step's): q-FFL's F_k(w_t) (QFedAvg)
+                "train_loss": float(sup_losses[0]) if sup_losses else 0.0,
+                "loss_unsup": float(torch.stack(unsup_losses).mean()) if unsup_losses else 0.0,
+                "train_seconds": time.perf_counter() - t0,
+            }
+        )
         return metrics
 
-    def epoch(self, model: nn.Module, data: ClientData, opt: SGD,
-              prior: torch.Tensor):
+    def epoch(self, model: nn.Module, data: ClientData, opt: SGD, prior: torch.Tensor):
         """One local epoch; yields (supervised loss, unlabeled loss) per optimiser step, as
         detached tensors (read once after the round: no host sync per step)."""
         if self.tr["mode"] == "fullbatch":
-            yield self.step(model, opt, data, torch.arange(len(data.y_l), device=self.device),
-                            None, prior)
+            yield self.step(
+                model, opt, data, torch.arange(len(data.y_l), device=self.device), None, prior
+            )
             return
         bs = self.tr["batch_size"]
         semi = self.uses_unlabeled and self.lambda_u > 0
@@ -234,8 +270,9 @@ class LocalTrainer:
         unl = self._cycle(n_u, steps * min(ubs, n_u))
         lb, ub = min(bs, n_l), min(ubs, n_u)
         for s in range(steps):
-            yield self.step(model, opt, data, lab[s * lb:(s + 1) * lb], unl[s * ub:(s + 1) * ub],
-                            prior)
+            yield self.step(
+                model, opt, data, lab[s * lb : (s + 1) * lb], unl[s * ub : (s + 1) * ub], prior
+            )
 
     def _cycle(self, n: int, total: int) -> torch.Tensor:
         if n == 0 or total == 0:
@@ -244,16 +281,25 @@ class LocalTrainer:
         perms = [torch.randperm(n, generator=self.gen, device=self.device) for _ in range(reps)]
         return torch.cat(perms)[:total]
 
-    def step(self, model: nn.Module, opt: SGD, data: ClientData,
-             lab_idx: torch.Tensor, unl_idx: torch.Tensor | None,
-             prior: torch.Tensor) -> tuple[float, float]:
+    def step(
+        self,
+        model: nn.Module,
+        opt: SGD,
+        data: ClientData,
+        lab_idx: torch.Tensor,
+        unl_idx: torch.Tensor | None,
+        prior: torch.Tensor,
+    ) -> tuple[float, float]:
         x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))
-        extra, n_extra, loss_u_fn = (self.unlabeled_batch(model, data, unl_idx, prior)
-                                     if self.lambda_u > 0 else (None, 0, None))
+        extra, n_extra, loss_u_fn = (
+            self.unlabeled_batch(model, data, unl_idx, prior)
+            if self.lambda_u > 0
+            else (None, 0, None)
+        )
         x = torch.cat([x_l, extra]) if n_extra else x_l
         logits = self.forward(model, x)
-        loss_s = F.cross_entropy(logits[:len(x_l)], data.y_l[lab_idx])
-        loss_u = loss_u_fn(logits[len(x_l):]) if loss_u_fn is not None else None
+        loss_s = F.cross_entropy(logits[: len(x_l)], data.y_l[lab_idx])
+        loss_u = loss_u_fn(logits[len(x_l) :]) if loss_u_fn is not None else None
         loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
         if self.proximal_mu > 0:
             loss = loss + self.proximal(model)
@@ -270,8 +316,9 @@ class LocalTrainer:
         diffs = torch._foreach_sub(list(model.parameters()), self.anchor)
         return 0.5 * self.proximal_mu * torch.stack(torch._foreach_norm(diffs)).square().sum()
 
-    def unlabeled_batch(self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None,
-                        prior: torch.Tensor):
+    def unlabeled_batch(
+        self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None, prior: torch.Tensor
+    ):
         """Extra inputs for the shared forward pass and a function of their logits (the loss)."""
         return None, 0, None
 
@@ -300,7 +347,7 @@ class FixMatch(LocalTrainer):
         norm_all = self.tr["unlabeled_loss_norm"] == "all"
         if unl_idx is None and self.cfg["method"].get("pseudo_labels", "round") == "online":
             unl_idx = torch.arange(len(data.y_u), device=self.device)
-        if unl_idx is None:                              # full batch, offline pseudo-labels
+        if unl_idx is None:  # full batch, offline pseudo-labels
             idx = self.conf_idx
             if len(idx) == 0:
                 return None, 0, None
@@ -308,12 +355,17 @@ class FixMatch(LocalTrainer):
             denom = len(self.pl_mask) if norm_all else len(idx)
             target = self.pl_labels[idx]
             return x_s, len(idx), lambda logits: masked_ce(logits, target, denom)
-        if self.cfg["method"].get("pseudo_labels", "round") == "round":   # mini-batch, per round
+        if self.cfg["method"].get("pseudo_labels", "round") == "round":  # mini-batch, per round
             target, mask = self.pl_labels[unl_idx], self.pl_mask[unl_idx].float()
             x_s = self.norm(augment.strong(data.x_u[unl_idx], self.flip, self.gen))
             denom = len(unl_idx) if norm_all else mask.sum().clamp_min(1.0)
-            return x_s, len(unl_idx), lambda logits: (
-                F.cross_entropy(logits, target, reduction="none") * mask).sum() / denom
+            return (
+                x_s,
+                len(unl_idx),
+                lambda logits: (
+                    (F.cross_entropy(logits, target, reduction="none") * mask).sum() / denom
+                ),
+            )
         # mini-batch, online: weak and strong views in one forward, labels from the weak half
         u = data.x_u[unl_idx]
         x_w = self.norm(augment.weak(u, self.flip, self.gen))
@@ -321,10 +373,11 @@ class FixMatch(LocalTrainer):
         eps = self.cfg["app_u"]["eps"]
 
         def loss_fn(logits: torch.Tensor) -> torch.Tensor:
-            lw, ls = logits[:len(u)], logits[len(u):]
-            labels, mask = pseudo_label(F.softmax(lw.detach(), 1), self.tr["tau"],
-                                        prior if self.dpl else None, eps)
-            mask = mask.float()                   # weights, not indexing: no host sync
+            lw, ls = logits[: len(u)], logits[len(u) :]
+            labels, mask = pseudo_label(
+                F.softmax(lw.detach(), 1), self.tr["tau"], prior if self.dpl else None, eps
+            )
+            mask = mask.float()  # weights, not indexing: no host sync
             denom = len(u) if norm_all else mask.sum().clamp_min(1.0)
             return (F.cross_entropy(ls, labels, reduction="none") * mask).sum() / denom
 
@@ -332,8 +385,15 @@ class FixMatch(LocalTrainer):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, std: tuple,
-             batch_size: int, fast: bool = False) -> tuple[float, float, np.ndarray, np.ndarray]:
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mean: tuple,
+    std: tuple,
+    batch_size: int,
+    fast: bool = False,
+) -> tuple[float, float, np.ndarray, np.ndarray]:
     """Loss, accuracy, predicted classes and their softmax confidence on fixed batches in dataset
     order (eval mode). `fast` (accelerators): bf16 autocast and channels_last, as training."""
     model.eval()
@@ -342,18 +402,22 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: tuple, st
     batch_size = no_grad_batch(model, x, batch_size)
     losses, preds, confs = [], [], []
     for i in range(0, len(x), batch_size):
-        xb = augment.normalize(x[i:i + batch_size], mean, std)
+        xb = augment.normalize(x[i : i + batch_size], mean, std)
         if fast:
             xb = xb.contiguous(memory_format=torch.channels_last)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=fast):
             logits = model(xb).float()
-        losses.append(F.cross_entropy(logits, y[i:i + batch_size], reduction="sum"))
+        losses.append(F.cross_entropy(logits, y[i : i + batch_size], reduction="sum"))
         conf, pred = F.softmax(logits, 1).max(1)
         preds.append(pred)
         confs.append(conf)
     pred = torch.cat(preds)
-    return (float(torch.stack(losses).sum()) / len(y), float((pred == y).double().mean()),
-            pred.cpu().numpy(), torch.cat(confs).cpu().double().numpy())
+    return (
+        float(torch.stack(losses).sum()) / len(y),
+        float((pred == y).double().mean()),
+        pred.cpu().numpy(),
+        torch.cat(confs).cpu().double().numpy(),
+    )
 
 
 _COMPILED: dict[int, nn.Module] = {}

@@ -20,7 +20,6 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope
-from .config import resolve
 from fssl.methods import make_model
 from fssl.partition import save_partition
 from fssl.profiling import Timeline, profiled
@@ -30,6 +29,7 @@ from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
 from strategy.contract import arrays_to_numpy, numpy_to_arrays, parse_node_info
 
+from .config import resolve
 from .recorder import RoundRecorder
 from .rounds import RoundLoop
 
@@ -43,14 +43,16 @@ class NodeError(RuntimeError):
 def run_dir_for(cfg: dict[str, Any]) -> Path:
     out = cfg["output_dir"] or (
         f"runs/{datetime.now():%Y%m%d-%H%M%S}_{cfg['method']['name']}_{cfg['dataset']['name']}_"
-        f"{cfg['partition']['mode']}{cfg['partition']['delta'] or ''}_s{cfg['seed']}")
+        f"{cfg['partition']['mode']}{cfg['partition']['delta'] or ''}_s{cfg['seed']}"
+    )
     path = Path(out).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def query_nodes(grid: Grid, nodes: list[int], timeout: float,
-                timeline: Timeline | None = None) -> dict[int, dict[str, int]]:
+def query_nodes(
+    grid: Grid, nodes: list[int], timeout: float, timeline: Timeline | None = None
+) -> dict[int, dict[str, int]]:
     """Ask each node its partition id and whether it holds its own data file (and, for the
     start-up timeline, when its process started and imported the ClientApp)."""
     msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
@@ -59,8 +61,10 @@ def query_nodes(grid: Grid, nodes: list[int], timeout: float,
     imported: list[float] = []
     for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
         if reply.has_error():
-            raise NodeError(f"node {reply.metadata.src_node_id} failed to report its partition: "
-                            f"{reply.error.reason}")
+            raise NodeError(
+                f"node {reply.metadata.src_node_id} failed to report its partition: "
+                f"{reply.error.reason}"
+            )
         rec = parse_node_info(reply)
         info[reply.metadata.src_node_id] = {"pid": rec["pid"], "own-data": rec["own-data"]}
         if timeline is not None and rec["imported-at"]:
@@ -72,8 +76,9 @@ def query_nodes(grid: Grid, nodes: list[int], timeout: float,
     return info
 
 
-def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0,
-                    timeline: Timeline | None = None) -> dict[int, int]:
+def bind_partitions(
+    grid: Grid, num_clients: int, timeout: float = 60.0, timeline: Timeline | None = None
+) -> dict[int, int]:
     """pid -> node id. One node per client when the federation has exactly that many (each
     trains its node_config partition). Nodes without their own data file (simulation) may hold
     several: with fewer SuperNodes than clients (Flower's default simulation has 2), client m goes
@@ -95,7 +100,8 @@ def bind_partitions(grid: Grid, num_clients: int, timeout: float = 60.0,
         raise NodeError(
             f"the federation has {len(nodes)} SuperNodes holding their own data files "
             f"(node_config data-path) but fl.num_clients={num_clients}: start one SuperNode per "
-            "client, or set fl.num_clients to the number of nodes.")
+            "client, or set fl.num_clients to the number of nodes."
+        )
     info.update(query_nodes(grid, [n for n in nodes if n not in info], timeout))
     node_of: dict[int, int] = {}
     for node, v in sorted(info.items()):
@@ -129,9 +135,12 @@ def scope_defences(cfg: dict[str, Any], simulation: bool) -> None:
     off = apply_defence_scope(cfg, untrusted_nodes=not simulation)
     if off:
         names = ", ".join(f"{name} ({path})" for path, name in DEFENCES if path in off)
-        print(f"[feddb] a simulation runs the methods as published: {names} off "
-              "(server.robust.scope=deployment puts them on SuperNodes; "
-              "server.robust.scope=always turns them on here)", flush=True)
+        print(
+            f"[feddb] a simulation runs the methods as published: {names} off "
+            "(server.robust.scope=deployment puts them on SuperNodes; "
+            "server.robust.scope=always turns them on here)",
+            flush=True,
+        )
 
 
 def cores() -> int:
@@ -152,10 +161,13 @@ def main(grid: Grid, context: Context) -> None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
         (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg["device"]), indent=2))
-    print(f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
-          f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
-          f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
-          f"rounds={cfg['num_rounds']} run_dir={run_dir}", flush=True)
+    print(
+        f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
+        f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
+        f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
+        f"rounds={cfg['num_rounds']} run_dir={run_dir}",
+        flush=True,
+    )
 
     device = resolve_device(cfg["device"])
     threads = server_threads(cfg["eval"].get("threads", "auto"), grid, device)
@@ -174,11 +186,20 @@ def main(grid: Grid, context: Context) -> None:
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
     recorder = RoundRecorder(cfg, ds, model, run_dir, device)
-    strategy = make_strategy(cfg, ds.num_classes, ServerSetup(
-        node_of=node_of, simulated=simulation, max_samples=len(ds.y_train),
-        partition_sizes=[(len(lab), len(unl)) for lab, unl in zip(part.labeled, part.unlabeled)],
-        workers=cores(),            # the replies are all in: no client is busy meanwhile
-        **loss_check(cfg, recorder, threads == 1 and device.type == "cpu")))
+    strategy = make_strategy(
+        cfg,
+        ds.num_classes,
+        ServerSetup(
+            node_of=node_of,
+            simulated=simulation,
+            max_samples=len(ds.y_train),
+            partition_sizes=[
+                (len(lab), len(unl)) for lab, unl in zip(part.labeled, part.unlabeled)
+            ],
+            workers=cores(),  # the replies are all in: no client is busy meanwhile
+            **loss_check(cfg, recorder, threads == 1 and device.type == "cpu"),
+        ),
+    )
     if resume_dir is None:
         arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
         first_round = 1
@@ -198,21 +219,33 @@ def main(grid: Grid, context: Context) -> None:
 
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)      # one progress line per round instead of Flower's
+    flwr_logger.setLevel(logging.WARNING)  # one progress line per round instead of Flower's
     try:
-        arrays = loop.run(arrays, first_round, recorder, after_round,
-                          evaluate_first=resume_dir is None)   # round 0, as round 1 trains
+        arrays = loop.run(
+            arrays, first_round, recorder, after_round, evaluate_first=resume_dir is None
+        )  # round 0, as round 1 trains
     finally:
         flwr_logger.setLevel(level)
         recorder.close()
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     s = recorder.summary()
     if s["final_test_accuracy"] is not None:
-        selected = (f", at the best-validation round {s['selected_round']}: "
-                    f"{s['selected_test_accuracy']:.4f}" if s["selected_round"] else "")
-        print(f"[feddb] done: final test acc {s['final_test_accuracy']:.4f}{selected}"
-              + (f", COLLAPSED (top class {s['final_top_class_share']:.2f} of test predictions)"
-                 if s["collapsed"] else "") + f", {s['wall_seconds']:.0f}s", flush=True)
+        selected = (
+            f", at the best-validation round {s['selected_round']}: "
+            f"{s['selected_test_accuracy']:.4f}"
+            if s["selected_round"]
+            else ""
+        )
+        print(
+            f"[feddb] done: final test acc {s['final_test_accuracy']:.4f}{selected}"
+            + (
+                f", COLLAPSED (top class {s['final_top_class_share']:.2f} of test predictions)"
+                if s["collapsed"]
+                else ""
+            )
+            + f", {s['wall_seconds']:.0f}s",
+            flush=True,
+        )
     print(f"[feddb] run directory: {run_dir}", flush=True)
 
 
@@ -223,31 +256,50 @@ def loss_check(cfg: dict[str, Any], recorder: RoundRecorder, idle_cores: bool) -
     if cfg["server"]["robust"]["loss_check"] is None:
         return {}
     if not recorder.has_val:
-        print("[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has no "
-              "validation split to check updates on (set dataset.val_size > 0, or "
-              "server.robust.loss_check=null)", flush=True)
+        print(
+            "[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has no "
+            "validation split to check updates on (set dataset.val_size > 0, or "
+            "server.robust.loss_check=null)",
+            flush=True,
+        )
         return {}
     return {"audit": recorder.audit_loss, "audit_workers": cores() if idle_cores else 1}
 
 
-def save_checkpoint(run_dir: Path, server_round: int, arrays: ArrayRecord,
-                    strategy: WeightedAverage, recorder: RoundRecorder) -> None:
+def save_checkpoint(
+    run_dir: Path,
+    server_round: int,
+    arrays: ArrayRecord,
+    strategy: WeightedAverage,
+    recorder: RoundRecorder,
+) -> None:
     """Global model, strategy state (momentum buffer, caches), RNG states, recorder state."""
     strategy_arrays, strategy_state = strategy.state()
     np_state = np.random.get_state()
     checkpoint.save(
         run_dir,
-        {"global": arrays_to_numpy(arrays), "rng": {"torch": torch.get_rng_state().numpy()},
-         **{f"strategy.{k}": v for k, v in strategy_arrays.items()}},
-        {"round": server_round, "strategy": strategy_state, "recorder": recorder.state(),
-         "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]]})
+        {
+            "global": arrays_to_numpy(arrays),
+            "rng": {"torch": torch.get_rng_state().numpy()},
+            **{f"strategy.{k}": v for k, v in strategy_arrays.items()},
+        },
+        {
+            "round": server_round,
+            "strategy": strategy_state,
+            "recorder": recorder.state(),
+            "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        },
+    )
 
 
-def restore(run_dir: Path, strategy: WeightedAverage,
-            recorder: RoundRecorder) -> tuple[ArrayRecord, int]:
+def restore(
+    run_dir: Path, strategy: WeightedAverage, recorder: RoundRecorder
+) -> tuple[ArrayRecord, int]:
     groups, state = checkpoint.load(run_dir)
-    strategy.load_state({k.split(".", 1)[1]: v for k, v in groups.items()
-                         if k.startswith("strategy.")}, state["strategy"])
+    strategy.load_state(
+        {k.split(".", 1)[1]: v for k, v in groups.items() if k.startswith("strategy.")},
+        state["strategy"],
+    )
     recorder.restore(state["round"], state["recorder"])
     torch.set_rng_state(torch.from_numpy(groups["rng"]["torch"]))
     kind, keys, *rest = state["numpy_rng"]

@@ -21,11 +21,22 @@ from fssl.train import evaluate, to_nchw
 from strategy import RoundRecord
 from strategy.contract import arrays_to_torch
 
-
 # a round whose global model is not evaluated (eval.every > 1): its record has these as null
-NOT_EVALUATED = dict.fromkeys(("test_loss", "test_accuracy", "val_loss", "val_accuracy",
-                               "class_accuracy", "top_class_share", "prediction_entropy",
-                               "collapsed", "predicted_histogram", "ece", "mean_confidence"))
+NOT_EVALUATED = dict.fromkeys(
+    (
+        "test_loss",
+        "test_accuracy",
+        "val_loss",
+        "val_accuracy",
+        "class_accuracy",
+        "top_class_share",
+        "prediction_entropy",
+        "collapsed",
+        "predicted_histogram",
+        "ece",
+        "mean_confidence",
+    )
+)
 
 
 def deferred(value: Any) -> Any:
@@ -38,8 +49,14 @@ class RoundRecorder:
     """`evaluate_fn` of Strategy.start: evaluates the global model (on the rounds `due`) and
     appends one JSON line a round."""
 
-    def __init__(self, cfg: dict[str, Any], ds: Dataset, model: torch.nn.Module, run_dir: Path,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        ds: Dataset,
+        model: torch.nn.Module,
+        run_dir: Path,
+        device: torch.device,
+    ) -> None:
         self.cfg, self.ds, self.model = cfg, ds, model.to(device)
         self.run_dir, self.device = run_dir, device
         self.x_test = to_nchw(ds.x_test, device)
@@ -57,7 +74,7 @@ class RoundRecorder:
         self.t_last = time.perf_counter()
         self.t_start = self.t_last
         self.write_seconds = 0.0
-        self.tb = None                     # TensorBoard writer, opened at the first round written
+        self.tb = None  # TensorBoard writer, opened at the first round written
         self.audit_models: queue.SimpleQueue[torch.nn.Module] = queue.SimpleQueue()
 
     def tensorboard(self, record: dict[str, Any]) -> None:
@@ -68,15 +85,22 @@ class RoundRecorder:
             from torch.utils.tensorboard import SummaryWriter
 
             # a resumed run rewrites the rounds after its checkpoint: purge them from the events
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                    purge_step=record["round"] if self.resumed_from else None)
+            self.tb = SummaryWriter(
+                str(self.run_dir / "tensorboard"),
+                purge_step=record["round"] if self.resumed_from else None,
+            )
         clients = record["clients"]
-        mean = lambda key: (float(np.mean([c[key] for c in clients if c.get(key) is not None]))  # noqa: E731
-                            if any(c.get(key) is not None for c in clients) else None)
+        mean = lambda key: (
+            float(np.mean([c[key] for c in clients if c.get(key) is not None]))  # noqa: E731
+            if any(c.get(key) is not None for c in clients)
+            else None
+        )
         dma = record.get("dma") or {}
         scalars = {
-            "test/accuracy": record["test_accuracy"], "test/loss": record["test_loss"],
-            "train/loss_sup": mean("loss_sup"), "train/loss_unsup": mean("loss_unsup"),
+            "test/accuracy": record["test_accuracy"],
+            "test/loss": record["test_loss"],
+            "train/loss_sup": mean("loss_sup"),
+            "train/loss_unsup": mean("loss_unsup"),
             "pseudo_labels/accuracy": record["pseudo_label_accuracy"],
             "pseudo_labels/ratio": record["pseudo_label_ratio"],
             "val/accuracy": record["val_accuracy"],
@@ -89,7 +113,8 @@ class RoundRecorder:
             "aggregation/dma_loss_uniform": dma.get("loss_uniform"),
             "aggregation/dma_loss_weights": dma.get("loss_weights"),
             "aggregation/dma_weight_entropy": dma.get("weight_entropy"),
-            "time/round_seconds": record["round_seconds"], "failures": record["num_failures"],
+            "time/round_seconds": record["round_seconds"],
+            "failures": record["num_failures"],
         }
         for tag, value in scalars.items():
             if value is not None and math.isfinite(value):
@@ -105,14 +130,19 @@ class RoundRecorder:
         loss and accuracy when the dataset holds a validation split."""
         self.model.load_state_dict(arrays_to_torch(arrays))
         bs, k = self.cfg["eval"]["batch_size"], self.ds.num_classes
-        loss, acc, pred, conf = evaluate(self.model, self.x_test, self.y_test, self.ds.mean,
-                                         self.ds.std, bs, self.fast)
-        out = {"test_loss": loss, "test_accuracy": acc,
-               "class_accuracy": class_accuracy(pred, self.ds.y_test, k),
-               **prediction_stats(pred, conf, self.ds.y_test, k)}
+        loss, acc, pred, conf = evaluate(
+            self.model, self.x_test, self.y_test, self.ds.mean, self.ds.std, bs, self.fast
+        )
+        out = {
+            "test_loss": loss,
+            "test_accuracy": acc,
+            "class_accuracy": class_accuracy(pred, self.ds.y_test, k),
+            **prediction_stats(pred, conf, self.ds.y_test, k),
+        }
         if self.has_val:
             out["val_loss"], out["val_accuracy"], _, _ = evaluate(
-                self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs, self.fast)
+                self.model, self.x_val, self.y_val, self.ds.mean, self.ds.std, bs, self.fast
+            )
         return out
 
     def audit_loss(self, arrays: dict[str, np.ndarray]) -> float:
@@ -126,8 +156,15 @@ class RoundRecorder:
             model = copy.deepcopy(self.model)
         try:
             model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
-            return evaluate(model, self.x_val[:n], self.y_val[:n], self.ds.mean, self.ds.std,
-                            self.cfg["eval"]["batch_size"], self.fast)[0]
+            return evaluate(
+                model,
+                self.x_val[:n],
+                self.y_val[:n],
+                self.ds.mean,
+                self.ds.std,
+                self.cfg["eval"]["batch_size"],
+                self.fast,
+            )[0]
         finally:
             self.audit_models.put(model)
 
@@ -136,30 +173,32 @@ class RoundRecorder:
         every = self.cfg["eval"].get("every", 1)
         return server_round % every == 0 or server_round >= self.cfg["num_rounds"]
 
-    def __call__(self, server_round: int, arrays: ArrayRecord,
-                 info: RoundRecord | None) -> MetricRecord:
+    def __call__(
+        self, server_round: int, arrays: ArrayRecord, info: RoundRecord | None
+    ) -> MetricRecord:
         """Evaluate round t's global model and write its record (`info`: what the strategy did;
         None for the model a run starts from, round first_round - 1)."""
         t0 = time.perf_counter()
         ev = self.evaluate(arrays) if self.due(server_round) else NOT_EVALUATED
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         now = time.perf_counter()
-        seconds, self.t_last = now - self.t_last, now      # the whole cycle since the last one
+        seconds, self.t_last = now - self.t_last, now  # the whole cycle since the last one
         if info is not None:
             info.timing.update({"evaluate": now - t0, "record_previous_round": self.write_seconds})
             self.write(server_round, ev, seconds, info)
         else:
             self.metrics_file.write_text("")
             print(f"[feddb] round   0  initial test acc {acc:.4f}", flush=True)
-        self.prev_class_acc = cls_acc      # None after a round not evaluated: no JS divergence next
-        self.write_seconds = time.perf_counter() - now     # metrics.jsonl, TensorBoard, the line
+        self.prev_class_acc = cls_acc  # None after a round not evaluated: no JS divergence next
+        self.write_seconds = time.perf_counter() - now  # metrics.jsonl, TensorBoard, the line
         return MetricRecord({"test_accuracy": acc, "test_loss": loss} if acc is not None else {})
 
-    def write(self, server_round: int, ev: dict[str, Any], seconds: float,
-              info: RoundRecord) -> None:
+    def write(
+        self, server_round: int, ev: dict[str, Any], seconds: float, info: RoundRecord
+    ) -> None:
         loss, acc, cls_acc = ev["test_loss"], ev["test_accuracy"], ev["class_accuracy"]
         clients = info.clients
-        target = self.prev_class_acc       # class-wise accuracy of the model the clients received
+        target = self.prev_class_acc  # class-wise accuracy of the model the clients received
         js_app, js_lab = [], []
         k = self.ds.num_classes
         for c in clients:
@@ -169,19 +208,30 @@ class RoundRecorder:
             if target is not None and len(c["labeled_histogram"]) == k:
                 c["js_labeled"] = js_divergence(c["labeled_histogram"], target)
                 js_lab.append(c["js_labeled"])
-        pl_acc = [c["pseudo_label_accuracy"] for c in clients
-                  if c["pseudo_label_accuracy"] is not None]
-        pl_hists = [c["pseudo_label_histogram"] for c in clients
-                    if len(c.get("pseudo_label_histogram", [])) == k]
+        pl_acc = [
+            c["pseudo_label_accuracy"] for c in clients if c["pseudo_label_accuracy"] is not None
+        ]
+        pl_hists = [
+            c["pseudo_label_histogram"]
+            for c in clients
+            if len(c.get("pseudo_label_histogram", [])) == k
+        ]
         pl_hist = np.sum(pl_hists, axis=0).astype(int).tolist() if pl_hists else None
         pl_count = sum(sum(h) for h in pl_hists)
-        pooled = (sum(c["pseudo_label_accuracy"] * sum(c["pseudo_label_histogram"])
-                      for c in clients if c["pseudo_label_accuracy"] is not None
-                      and len(c.get("pseudo_label_histogram", [])) == k) / pl_count
-                  if pl_count else None)
+        pooled = (
+            sum(
+                c["pseudo_label_accuracy"] * sum(c["pseudo_label_histogram"])
+                for c in clients
+                if c["pseudo_label_accuracy"] is not None
+                and len(c.get("pseudo_label_histogram", [])) == k
+            )
+            / pl_count
+            if pl_count
+            else None
+        )
         record = {
             "round": server_round,
-            "evaluated": acc is not None,          # false between evaluations (eval.every > 1)
+            "evaluated": acc is not None,  # false between evaluations (eval.every > 1)
             "test_accuracy": acc,
             "test_loss": loss,
             "val_accuracy": ev.get("val_accuracy"),
@@ -201,11 +251,11 @@ class RoundRecorder:
             "failures": info.failures,
             "clients": clients,
             "dma": info.dma,
-            "robust": info.robust,          # norm bound and rule (strategy/robust.py)
-            "strategy": info.strategy,      # strategy=<name>: which one, weights used
+            "robust": info.robust,  # norm bound and rule (strategy/robust.py)
+            "strategy": info.strategy,  # strategy=<name>: which one, weights used
             "gradient_diversity": deferred(info.gradient_diversity),
-            "groups": info.groups,          # FedRGD: partition ids per group
-            "helpers": info.helpers,        # FedMatch: helper partition ids per client
+            "groups": info.groups,  # FedRGD: partition ids per group
+            "helpers": info.helpers,  # FedMatch: helper partition ids per client
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,
@@ -214,28 +264,37 @@ class RoundRecorder:
             "pseudo_label_histogram": pl_hist,
             "pseudo_label_accuracy_pooled": pooled,
             "pseudo_label_ratio": float(np.mean([c["pseudo_label_ratio"] for c in clients]))
-            if clients else None,
+            if clients
+            else None,
             "class_accuracy_normalised": None if cls_acc is None else normalise(cls_acc).tolist(),
             "federated_evaluation": info.federated_evaluation,
-            "timing": info.timing,          # seconds of the round's parts (server side)
+            "timing": info.timing,  # seconds of the round's parts (server side)
         }
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
         self.history.append(record)
         self.tensorboard(record)
-        done_here = server_round - (self.resumed_from or 0)      # rounds run by this process
+        done_here = server_round - (self.resumed_from or 0)  # rounds run by this process
         elapsed = time.perf_counter() - self.t_start
         eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)
         pl = record["pseudo_label_ratio"]
         val = record["val_accuracy"]
-        scores = (f"test acc {acc:.4f}  " + (f"val acc {val:.4f}  " if val is not None else "")
-                  + f"loss {loss:.4f}  " if acc is not None else "(not evaluated: eval.every)  ")
+        scores = (
+            f"test acc {acc:.4f}  "
+            + (f"val acc {val:.4f}  " if val is not None else "")
+            + f"loss {loss:.4f}  "
+            if acc is not None
+            else "(not evaluated: eval.every)  "
+        )
         top = record["top_class_share"]
-        print(f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  {scores}"
-              f"pl ratio {pl if pl is not None else 0:.2f}  "
-              + (f"top class {top:.2f}  " if top is not None else "")
-              + f"{seconds:.1f}s/round  eta {eta:.0f}s"
-              + ("  SKIPPED" if record["skipped"] else ""), flush=True)
+        print(
+            f"[feddb] round {server_round:3d}/{self.cfg['num_rounds']}  {scores}"
+            f"pl ratio {pl if pl is not None else 0:.2f}  "
+            + (f"top class {top:.2f}  " if top is not None else "")
+            + f"{seconds:.1f}s/round  eta {eta:.0f}s"
+            + ("  SKIPPED" if record["skipped"] else ""),
+            flush=True,
+        )
 
     def state(self) -> dict[str, Any]:
         prev = self.prev_class_acc
@@ -288,10 +347,13 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     accs = [r["test_accuracy"] for r in history]
     best = int(np.argmax(accs))
     vals = [r.get("val_accuracy") for r in history]
-    sel = int(np.argmax([-1.0 if v is None else v for v in vals])) if any(
-        v is not None for v in vals) else None
+    sel = (
+        int(np.argmax([-1.0 if v is None else v for v in vals]))
+        if any(v is not None for v in vals)
+        else None
+    )
     shares = [r["top_class_share"] for r in history if r.get("top_class_share") is not None]
-    late = shares[len(shares) // 2:]         # the second half: past the near-random first rounds
+    late = shares[len(shares) // 2 :]  # the second half: past the near-random first rounds
     return {
         "final_test_accuracy": accs[-1],
         "final_val_accuracy": vals[-1],
@@ -305,7 +367,8 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "collapsed": bool(history[-1].get("collapsed", False)),
         "final_worst_class_accuracy": worst_class(history[-1]),
         "selected_worst_class_accuracy": worst_class(history[sel]) if sel is not None else None,
-        "selected_top_class_share": history[sel].get("top_class_share") if sel is not None
+        "selected_top_class_share": history[sel].get("top_class_share")
+        if sel is not None
         else None,
         "defence_rounds": acted,
         "rounds": rounds,

@@ -43,7 +43,7 @@ def collect(grid: Grid, pending: Any, timeout: float) -> list[Message]:
         ids -= {m.metadata.reply_to_message_id for m in got}
         if ids:
             time.sleep(pause)
-            pause = min(pause * 1.5, 0.05)       # short waits early, at most 20 polls a second
+            pause = min(pause * 1.5, 0.05)  # short waits early, at most 20 polls a second
     return replies
 
 
@@ -68,28 +68,37 @@ class RoundLoop:
     def __init__(self, strategy: WeightedAverage, grid: Grid) -> None:
         self.strategy, self.grid = strategy, grid
         self.cfg = strategy.cfg
-        self.first_push_time: float | None = None      # the start-up timeline's "first round sent"
+        self.first_push_time: float | None = None  # the start-up timeline's "first round sent"
 
     def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
         driver = self.strategy.driver
-        return push(self.grid, driver.configure_train(server_round, arrays, ConfigRecord(),
-                                                      self.grid))
+        return push(
+            self.grid, driver.configure_train(server_round, arrays, ConfigRecord(), self.grid)
+        )
 
-    def federated_evaluation(self, server_round: int, arrays: ArrayRecord,
-                             timeout: float) -> dict[str, Any] | None | bool:
+    def federated_evaluation(
+        self, server_round: int, arrays: ArrayRecord, timeout: float
+    ) -> dict[str, Any] | None | bool:
         """The clients' evaluation of the new global model (fl.fraction_evaluate); False when
         the run has none."""
-        messages = list(self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(),
-                                                         self.grid))
+        messages = list(
+            self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), self.grid)
+        )
         if not messages:
             return False
         agg = self.strategy.aggregate_evaluate(
-            server_round, collect(self.grid, push(self.grid, messages), timeout))
+            server_round, collect(self.grid, push(self.grid, messages), timeout)
+        )
         return dict(agg) if agg else None
 
-    def run(self, arrays: ArrayRecord, first_round: int, evaluate_fn: EvaluateFn,
-            after_round: Callable[[int, ArrayRecord], None],
-            evaluate_first: bool = False) -> ArrayRecord:
+    def run(
+        self,
+        arrays: ArrayRecord,
+        first_round: int,
+        evaluate_fn: EvaluateFn,
+        after_round: Callable[[int, ArrayRecord], None],
+        evaluate_first: bool = False,
+    ) -> ArrayRecord:
         """Train, aggregate, federated evaluation, then `evaluate_fn(round, arrays, record)` and
         `after_round(round, arrays)` (checkpoints); `evaluate_first`: the starting model too
         (round first_round - 1, with no record)."""
@@ -105,7 +114,7 @@ class RoundLoop:
         for server_round in range(first_round, last + 1):
             clock.lap("configure")
             replies = collect(self.grid, pending, timeout)
-            clock.lap("communicate")       # waiting for the clients' replies
+            clock.lap("communicate")  # waiting for the clients' replies
             record = self.strategy.round_record
             new, _ = self.strategy.driver.aggregate_train(server_round, replies)
             if new is not None:
@@ -117,8 +126,11 @@ class RoundLoop:
                 clock.lap("federated_evaluate")
             # seconds of this round's parts (the recorder adds its own); a round's checkpoint
             # comes after its record is written, so each record carries the previous round's
-            record.timing = {**clock.laps, "checkpoint_previous_round": after_previous,
-                             "loss_check": record.loss_check_seconds}
+            record.timing = {
+                **clock.laps,
+                "checkpoint_previous_round": after_previous,
+                "loss_check": record.loss_check_seconds,
+            }
             if server_round < last and overlap:
                 pending = self.push_train(server_round + 1, arrays)
                 clock.lap("configure_next")

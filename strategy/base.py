@@ -38,11 +38,11 @@ from .robust import STAT_SUFFIXES
 class ServerSetup:
     """What the ServerApp knows about the run when it builds the strategy."""
 
-    node_of: dict[int, int] = field(default_factory=dict)   # partition id -> node id
-    partition_sizes: list[tuple[int, int]] | None = None    # (n_l, n_u) of the server's partition
-    max_samples: int | None = None     # bound on reported sizes when server.max_samples is null
-    simulated: bool = True             # the nodes are this app's own ClientApps (no SuperNodes)
-    workers: int = 1                   # threads for the defences' numpy work
+    node_of: dict[int, int] = field(default_factory=dict)  # partition id -> node id
+    partition_sizes: list[tuple[int, int]] | None = None  # (n_l, n_u) of the server's partition
+    max_samples: int | None = None  # bound on reported sizes when server.max_samples is null
+    simulated: bool = True  # the nodes are this app's own ClientApps (no SuperNodes)
+    workers: int = 1  # threads for the defences' numpy work
     # the validation loss of a candidate global model (server.robust.loss_check), and how many
     # candidates it may evaluate at once
     audit: Callable[[dict[str, np.ndarray]], float] | None = None
@@ -61,45 +61,51 @@ class RoundRecord:
     skipped: bool = True
     dma: dict[str, Any] | None = None
     robust: dict[str, Any] | None = None
-    strategy: dict[str, Any] | None = None          # strategy=<name>: which one, weights used
-    gradient_diversity: Any = None                  # a value, or a callable computed when recorded
-    groups: list[list[int]] | None = None           # FedRGD: partition ids per group
-    helpers: dict[str, list[int]] | None = None     # FedMatch: helper partition ids per client
+    strategy: dict[str, Any] | None = None  # strategy=<name>: which one, weights used
+    gradient_diversity: Any = None  # a value, or a callable computed when recorded
+    groups: list[list[int]] | None = None  # FedRGD: partition ids per group
+    helpers: dict[str, list[int]] | None = None  # FedMatch: helper partition ids per client
     federated_evaluation: dict[str, Any] | None = None
     timing: dict[str, float] = field(default_factory=dict)
-    loss_check_seconds: float = 0.0                 # part of the round's aggregation
+    loss_check_seconds: float = 0.0  # part of the round's aggregation
 
 
 class WeightedAverage(FedAvg):
     """Uniform (or sample-weighted) averaging plus server momentum."""
 
-    trainer: str | None = None      # the one trainer its clients must run; None: any but those
+    trainer: str | None = None  # the one trainer its clients must run; None: any but those
 
     @staticmethod
     def check_params(m: dict[str, Any]) -> None:
         """The strategy's own parameters under `method` (conf/method/*.yaml); none here."""
 
-    def __init__(self, cfg: dict[str, Any], num_classes: int,
-                 setup: ServerSetup | None = None) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
+    ) -> None:
         fl = cfg["fl"]
-        super().__init__(fraction_train=fl["fraction_train"],
-                         fraction_evaluate=fl["fraction_evaluate"],
-                         min_train_nodes=fl["min_train_clients"], min_evaluate_nodes=1,
-                         min_available_nodes=1)
+        super().__init__(
+            fraction_train=fl["fraction_train"],
+            fraction_evaluate=fl["fraction_evaluate"],
+            min_train_nodes=fl["min_train_clients"],
+            min_evaluate_nodes=1,
+            min_available_nodes=1,
+        )
         setup = setup or ServerSetup()
         self.cfg, self.num_classes, self.setup = cfg, num_classes, setup
         self.cfg_json = json.dumps(cfg, sort_keys=True)
-        self.node_of: dict[int, int] = {}          # partition id -> node id
-        self.pids_on: dict[int, list[int]] = {}    # node id -> the partitions it may train
+        self.node_of: dict[int, int] = {}  # partition id -> node id
+        self.pids_on: dict[int, list[int]] = {}  # node id -> the partitions it may train
         self.bind_nodes(setup.node_of)
-        self.known_sizes = {pid: (int(n_l), int(n_u))     # pid -> (n_l, n_u), the server's own
-                            for pid, (n_l, n_u) in enumerate(setup.partition_sizes or [])}
+        self.known_sizes = {
+            pid: (int(n_l), int(n_u))  # pid -> (n_l, n_u), the server's own
+            for pid, (n_l, n_u) in enumerate(setup.partition_sizes or [])
+        }
         cap = cfg["server"]["max_samples"]
         self.max_samples = cap if cap is not None else setup.max_samples
         self.global_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.round_record = RoundRecord(round=0, sampled=[], lr=self.lr_for(0))
-        self.driver: Any = self     # what the round loop calls: this, or a Flower wrapper (DP)
+        self.driver: Any = self  # what the round loop calls: this, or a Flower wrapper (DP)
 
     def trusted_sizes(self, metrics: dict[str, Any]) -> tuple[int, int]:
         """(n_l, n_u) the aggregation may use for a reply: the partition's own counts, or the
@@ -108,9 +114,16 @@ class WeightedAverage(FedAvg):
         if self.cfg["server"]["sizes"] == "partition" and pid in self.known_sizes:
             n_l, n_u = self.known_sizes[pid]
             if (metrics["num_labeled"], metrics["num_unlabeled"]) != (n_l, n_u):
-                log(WARNING, "partition %s reports %s labeled / %s unlabeled, its partition holds "
-                    "%s / %s: the partition's counts are used", pid, metrics["num_labeled"],
-                    metrics["num_unlabeled"], n_l, n_u)
+                log(
+                    WARNING,
+                    "partition %s reports %s labeled / %s unlabeled, its partition holds "
+                    "%s / %s: the partition's counts are used",
+                    pid,
+                    metrics["num_labeled"],
+                    metrics["num_unlabeled"],
+                    n_l,
+                    n_u,
+                )
             return n_l, n_u
         cap = self.max_samples if self.max_samples is not None else math.inf
         return int(min(metrics["num_labeled"], cap)), int(min(metrics["num_unlabeled"], cap))
@@ -132,17 +145,27 @@ class WeightedAverage(FedAvg):
         fixed = sorted(set(self.cfg["fl"].get("always_sample", [])))[:k]
         if not fixed:
             return sorted(int(i) for i in rng.choice(m, k, replace=False))
-        rest = np.setdiff1d(np.arange(m), fixed)      # the others drawn as usual among the rest
+        rest = np.setdiff1d(np.arange(m), fixed)  # the others drawn as usual among the rest
         return sorted([*fixed, *(int(i) for i in rng.choice(rest, k - len(fixed), replace=False))])
 
-    def _messages(self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord,
-                  message_type: str) -> list[Message]:
+    def _messages(
+        self, pids: list[int], arrays: ArrayRecord, config: ConfigRecord, message_type: str
+    ) -> list[Message]:
         server_round = int(config[contract.ROUND])
-        return [Message(content=RecordDict({"arrays": arrays,
-                                            "config": ConfigRecord({**config, contract.PARTITION: p}),
-                                            **self.extra_records(p, server_round, message_type)}),
-                        dst_node_id=self.node_of[p], message_type=message_type)
-                for p in pids]
+        return [
+            Message(
+                content=RecordDict(
+                    {
+                        "arrays": arrays,
+                        "config": ConfigRecord({**config, contract.PARTITION: p}),
+                        **self.extra_records(p, server_round, message_type),
+                    }
+                ),
+                dst_node_id=self.node_of[p],
+                message_type=message_type,
+            )
+            for p in pids
+        ]
 
     def extra_records(self, pid: int, server_round: int, message_type: str) -> dict[str, Any]:
         """Records for one client besides the global arrays and the config (FedMatch: helpers)."""
@@ -175,28 +198,33 @@ class WeightedAverage(FedAvg):
         config[contract.RUN_CONFIG] = self.cfg_json
         return config
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         self.global_arrays = arrays_to_numpy(arrays)
         pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
         self.begin_round(server_round, pids)
-        return self._messages(pids, arrays, self.round_config(server_round, config),
-                              MessageType.TRAIN)
+        return self._messages(
+            pids, arrays, self.round_config(server_round, config), MessageType.TRAIN
+        )
 
     def begin_round(self, server_round: int, sampled: list[int]) -> RoundRecord:
         """A fresh record for the round whose instructions go out now."""
-        self.round_record = RoundRecord(round=server_round, sampled=sampled,
-                                        lr=self.lr_for(server_round))
+        self.round_record = RoundRecord(
+            round=server_round, sampled=sampled, lr=self.lr_for(server_round)
+        )
         return self.round_record
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         fraction = self.cfg["fl"]["fraction_evaluate"]
         if fraction == 0:
             return []
         pids = self.sample(server_round + 100003, fraction)
-        return self._messages(pids, arrays, self.round_config(server_round, config),
-                              MessageType.EVALUATE)
+        return self._messages(
+            pids, arrays, self.round_config(server_round, config), MessageType.EVALUATE
+        )
 
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """Arrays and JSON state a checkpoint needs (subclasses add their caches)."""
@@ -209,11 +237,13 @@ class WeightedAverage(FedAvg):
     def parse_reply(self, msg: Message) -> dict[str, Any]:
         """Arrays, metrics and APP-U of one train reply, checked (strategy/contract.py)."""
         assert self.global_arrays is not None
-        return contract.parse_train_reply(msg, self.global_arrays, self.num_classes,
-                                          self.pids_on.get(msg.metadata.src_node_id))
+        return contract.parse_train_reply(
+            msg, self.global_arrays, self.num_classes, self.pids_on.get(msg.metadata.src_node_id)
+        )
 
-    def aggregation_weights(self, parsed: list[dict[str, Any]],
-                            server_round: int | None = None) -> tuple[np.ndarray, dict]:
+    def aggregation_weights(
+        self, parsed: list[dict[str, Any]], server_round: int | None = None
+    ) -> tuple[np.ndarray, dict]:
         """beta on the simplex: DMA on the clients' APP-U, or uniform / sample-sized. In a
         warm-up round every client trained on its labels alone, so every method weighs the
         updates as labels-only FedAvg does (no DMA, n_m = labels): the warm-up is the same run
@@ -222,26 +252,48 @@ class WeightedAverage(FedAvg):
         d = self.cfg["dma"]
         warmup = server_round is not None and server_round <= self.cfg["train"]["warmup_rounds"]
         if d["enabled"] and not warmup:
-            res = dma_weights(np.stack([p["app_u"] for p in parsed]), d["mode"], d["steps"],
-                              d["lr"], d["optimizer"], d["cap"])
+            res = dma_weights(
+                np.stack([p["app_u"] for p in parsed]),
+                d["mode"],
+                d["steps"],
+                d["lr"],
+                d["optimizer"],
+                d["cap"],
+            )
             if res.at_cap:
-                log(INFO, "round %s: DMA cap binds: %s of %s clients held at dma.cap/m = %.3f",
-                    self.round_record.round, res.at_cap, n, d["cap"] / n)
-            return res.weights, {"mode": d["mode"], "loss_uniform": res.loss_uniform,
-                                 "loss_weights": res.loss, "weight_entropy": res.entropy,
-                                 "weights": res.weights.tolist(), "cap": d["cap"],
-                                 "at_cap": res.at_cap}
+                log(
+                    INFO,
+                    "round %s: DMA cap binds: %s of %s clients held at dma.cap/m = %.3f",
+                    self.round_record.round,
+                    res.at_cap,
+                    n,
+                    d["cap"] / n,
+                )
+            return res.weights, {
+                "mode": d["mode"],
+                "loss_uniform": res.loss_uniform,
+                "loss_weights": res.loss,
+                "weight_entropy": res.entropy,
+                "weights": res.weights.tolist(),
+                "cap": d["cap"],
+                "at_cap": res.at_cap,
+            }
         if self.cfg["server"]["weighting"] == "samples":
             # n_m: the examples client m trains on (its labels alone for labels-only training)
             unl = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled and not warmup
-            sizes = np.array([n_l + unl * n_u for n_l, n_u in
-                              (self.trusted_sizes(p["metrics"]) for p in parsed)],
-                             dtype=np.float64)
+            sizes = np.array(
+                [
+                    n_l + unl * n_u
+                    for n_l, n_u in (self.trusted_sizes(p["metrics"]) for p in parsed)
+                ],
+                dtype=np.float64,
+            )
             return sizes / max(sizes.sum(), 1.0), {}
         return np.full(n, 1.0 / n), {}
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         record = self.round_record
         sampled = record.sampled
         parsed, failures, bad = [], [], []
@@ -251,33 +303,59 @@ class WeightedAverage(FedAvg):
                     raise ReplyError(f"client error: {msg.error.reason}")
                 reply = self.parse_reply(msg)
                 if sampled and reply["metrics"]["partition_id"] not in sampled:
-                    raise ReplyError(f"partition {reply['metrics']['partition_id']} was not "
-                                     "sampled this round")
-                if any(p["metrics"]["partition_id"] == reply["metrics"]["partition_id"]
-                       for p in parsed):
-                    raise ReplyError(f"a second reply for partition "
-                                     f"{reply['metrics']['partition_id']} this round")
+                    raise ReplyError(
+                        f"partition {reply['metrics']['partition_id']} was not sampled this round"
+                    )
+                if any(
+                    p["metrics"]["partition_id"] == reply["metrics"]["partition_id"] for p in parsed
+                ):
+                    raise ReplyError(
+                        f"a second reply for partition "
+                        f"{reply['metrics']['partition_id']} this round"
+                    )
                 parsed.append(reply)
             except ReplyError as err:
                 bad.append((msg.metadata.src_node_id, str(err)))
         answered = {p["metrics"]["partition_id"] for p in parsed}
-        for node, reason in bad:          # charged to a sampled partition of that node
-            pid = next((q for q in self.pids_on.get(node, []) if q not in answered
-                        and (not sampled or q in sampled)), None)
+        for node, reason in bad:  # charged to a sampled partition of that node
+            pid = next(
+                (
+                    q
+                    for q in self.pids_on.get(node, [])
+                    if q not in answered and (not sampled or q in sampled)
+                ),
+                None,
+            )
             answered.add(pid)
             failures.append({"partition_id": pid, "node_id": node, "reason": reason})
         for pid in sampled:
             if pid not in answered:
-                failures.append({"partition_id": pid, "node_id": self.node_of.get(pid),
-                                 "reason": "no reply within fl.round_timeout (node failed or gone)"})
+                failures.append(
+                    {
+                        "partition_id": pid,
+                        "node_id": self.node_of.get(pid),
+                        "reason": "no reply within fl.round_timeout (node failed or gone)",
+                    }
+                )
         for f in failures:
-            log(WARNING, "round %s: reply of partition %s (node %s) dropped: %s", server_round,
-                f["partition_id"], f["node_id"], f["reason"])
+            log(
+                WARNING,
+                "round %s: reply of partition %s (node %s) dropped: %s",
+                server_round,
+                f["partition_id"],
+                f["node_id"],
+                f["reason"],
+            )
         parsed.sort(key=lambda p: p["metrics"]["partition_id"])
         record.failures, record.skipped = failures, False
         if len(parsed) < self.cfg["fl"]["min_train_clients"]:
-            log(WARNING, "round %s: %s valid replies < fl.min_train_clients=%s; global model kept",
-                server_round, len(parsed), self.cfg["fl"]["min_train_clients"])
+            log(
+                WARNING,
+                "round %s: %s valid replies < fl.min_train_clients=%s; global model kept",
+                server_round,
+                len(parsed),
+                self.cfg["fl"]["min_train_clients"],
+            )
             record.skipped, record.clients = True, []
             record.dma = record.gradient_diversity = None
             return None, MetricRecord({"valid_replies": len(parsed)})
@@ -290,45 +368,61 @@ class WeightedAverage(FedAvg):
         coefficients = self.coefficients(server_round, parsed, weights)
         new = self.server_update(client_arrays, coefficients)
         record.clients = [
-            client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)]
+            client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)
+        ]
         record.dma = diagnostics or None
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
 
-    def coefficients(self, server_round: int, parsed: list[dict[str, Any]],
-                     weights: np.ndarray) -> np.ndarray:
+    def coefficients(
+        self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray
+    ) -> np.ndarray:
         """Each client's coefficient in the aggregate; what they leave stays on the global model."""
         return weights
 
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         """Hook for server-side caches built from this round's valid replies."""
 
-    def defend(self, client_arrays: list[dict[str, np.ndarray]],
-               weights: np.ndarray) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+    def defend(
+        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
         """`server.robust`'s defences and selection (strategy/robust.py: defend); what they did
         goes to metrics.jsonl as `robust`."""
         assert self.global_arrays is not None
         rec, rb = self.round_record, self.cfg["server"]["robust"]
         tolerance = self.loss_tolerance(rec.round) if rb["loss_check"] is not None else None
         client_arrays, weights, rec.robust, rec.loss_check_seconds = robust.defend(
-            self.global_arrays, client_arrays, weights, rb, rec.round, tolerance,
-            self.setup.workers, self.setup.audit, self.setup.audit_workers)
+            self.global_arrays,
+            client_arrays,
+            weights,
+            rb,
+            rec.round,
+            tolerance,
+            self.setup.workers,
+            self.setup.audit,
+            self.setup.audit_workers,
+        )
         return client_arrays, weights
 
-    def server_update(self, client_arrays: list[dict[str, np.ndarray]],
-                      weights: np.ndarray) -> dict[str, np.ndarray]:
+    def server_update(
+        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> dict[str, np.ndarray]:
         assert self.global_arrays is not None
         s, mu = self.cfg["server"]["lr"], self.cfg["server"]["momentum"]
         client_arrays, weights = self.defend(client_arrays, weights)
         rule, trim = self.cfg["server"]["robust"]["rule"], self.cfg["server"]["robust"]["trim"]
         new: dict[str, np.ndarray] = {}
         for key, old in self.global_arrays.items():
-            if not np.issubdtype(old.dtype, np.floating):      # e.g. num_batches_tracked
+            if not np.issubdtype(old.dtype, np.floating):  # e.g. num_batches_tracked
                 new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
                 continue
-            if rule in ("median", "trimmed_mean"):              # no weights: DMA cannot apply
-                avg = robust.combine(np.stack([a[key].astype(np.float64) for a in client_arrays]),
-                                     weights, rule, trim)
+            if rule in ("median", "trimmed_mean"):  # no weights: DMA cannot apply
+                avg = robust.combine(
+                    np.stack([a[key].astype(np.float64) for a in client_arrays]),
+                    weights,
+                    rule,
+                    trim,
+                )
             else:
                 avg = robust.weighted_mean(old, [a[key] for a in client_arrays], weights)
             if key.endswith(STAT_SUFFIXES):
@@ -341,15 +435,21 @@ class WeightedAverage(FedAvg):
         return new
 
 
-def gradient_diversity(global_arrays: dict[str, np.ndarray],
-                       client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> float | None:
+def gradient_diversity(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    workers: int = 1,
+) -> float | None:
     """sum_k |D_k|^2 / |sum_k D_k|^2 over the trainable arrays (FedRGD's Eq. 1); None if all
     updates cancel or nobody moved. The updates in float32, the sums in float64."""
-    keys = [k for k, v in global_arrays.items()
-            if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)]
+    keys = [
+        k
+        for k, v in global_arrays.items()
+        if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)
+    ]
     flat = robust.flat_updates(global_arrays, client_arrays, keys)
 
-    def sums(block: np.ndarray) -> np.ndarray:       # Σ_k |D_k|², |Σ_k D_k|² over the block
+    def sums(block: np.ndarray) -> np.ndarray:  # Σ_k |D_k|², |Σ_k D_k|² over the block
         # (einsum, not np.dot: numpy's BLAS call per block was 4x slower in a simulation run)
         b = block.astype(np.float64)
         total = b.sum(axis=0)

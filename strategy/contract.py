@@ -20,10 +20,10 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 ROUND = "server-round"
 LR = "lr"
 LAMBDA_U = "lambda-u"
-RUN_CONFIG = "run-config"          # the resolved configuration as JSON: clients need no Hydra
-PARTITION = "partition-id"         # which partition to train (a node may hold several)
-PROXIMAL_MU = "proximal-mu"        # FedProx (strategy=fedprox) puts it in the instruction
-HELPER_PREFIX = "helper_"          # FedMatch: the helpers' psi arrays, one ArrayRecord each
+RUN_CONFIG = "run-config"  # the resolved configuration as JSON: clients need no Hydra
+PARTITION = "partition-id"  # which partition to train (a node may hold several)
+PROXIMAL_MU = "proximal-mu"  # FedProx (strategy=fedprox) puts it in the instruction
+HELPER_PREFIX = "helper_"  # FedMatch: the helpers' psi arrays, one ArrayRecord each
 
 # Metrics every train reply must carry, as non-negative integers.
 REQUIRED_COUNTS = ("partition_id", "num_labeled", "num_unlabeled")
@@ -44,7 +44,7 @@ def array_to_numpy(array: Array) -> np.ndarray:
     data = array.data
     if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
         return array.numpy()
-    size = 2 if data[6] == 1 else 4                      # header length field: v1 2 bytes, v2+ 4
+    size = 2 if data[6] == 1 else 4  # header length field: v1 2 bytes, v2+ 4
     start = 8 + size
     offset = start + int.from_bytes(data[8:start], "little")
     header = data[start:offset]
@@ -90,13 +90,17 @@ def parse_node_info(reply: Message) -> dict[str, Any]:
     """A node's answer to the start-up query: its partition, whether it holds its own data file,
     and when its process started and imported the ClientApp (0 when unknown)."""
     rec = reply.content["info"]
-    return {"pid": int(rec["partition-id"]), "own-data": int(rec.get("own-data", 0)),
-            "process-start": float(rec.get("process-start", 0.0)),
-            "imported-at": float(rec.get("imported-at", 0.0))}
+    return {
+        "pid": int(rec["partition-id"]),
+        "own-data": int(rec.get("own-data", 0)),
+        "process-start": float(rec.get("process-start", 0.0)),
+        "imported-at": float(rec.get("imported-at", 0.0)),
+    }
 
 
-def parse_train_reply(msg: Message, global_arrays: dict[str, np.ndarray], num_classes: int,
-                      held: list[int] | None) -> dict[str, Any]:
+def parse_train_reply(
+    msg: Message, global_arrays: dict[str, np.ndarray], num_classes: int, held: list[int] | None
+) -> dict[str, Any]:
     """Arrays, metrics and APP-U of one train reply, checked against the global model the round
     sent and the partitions `held` by the replying node (None: not known); raises ReplyError."""
     content = msg.content
@@ -118,8 +122,10 @@ def parse_train_reply(msg: Message, global_arrays: dict[str, np.ndarray], num_cl
         if not isinstance(metrics.get(key), int) or metrics[key] < 0:
             raise ReplyError(f"metric '{key}' missing or not a non-negative integer")
     if held is not None and metrics["partition_id"] not in held:
-        raise ReplyError(f"claims partition {metrics['partition_id']} but the node was sent "
-                         f"{held if len(held) > 1 else held[0]}")
+        raise ReplyError(
+            f"claims partition {metrics['partition_id']} but the node was sent "
+            f"{held if len(held) > 1 else held[0]}"
+        )
     app_u = np.asarray(metrics.get("app_u", []), dtype=np.float64).reshape(-1)
     if app_u.shape != (num_classes,):
         raise ReplyError(f"app_u has length {app_u.size}, expected {num_classes}")

@@ -25,16 +25,18 @@ from .contract import numpy_to_arrays
 
 
 class FedMatch(WeightedAverage):
-    trainer = "fedmatch"        # its clients train decomposed models (sigma + psi)
+    trainer = "fedmatch"  # its clients train decomposed models (sigma + psi)
 
-    def __init__(self, cfg: dict[str, Any], num_classes: int,
-                 setup: ServerSetup | None = None) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
+    ) -> None:
         super().__init__(cfg, num_classes, setup)
         meta = cfg["data_meta"]
-        with torch.random.fork_rng(devices=[]):    # its weights are always loaded: leave the
-            self.model = make_model(cfg, num_classes, meta["channels"])   # run's RNG alone
-        self.probe = fedmatch.probe_images(cfg["seed"], cfg["method"]["probe_size"],
-                                           tuple(meta["image_shape"]))
+        with torch.random.fork_rng(devices=[]):  # its weights are always loaded: leave the
+            self.model = make_model(cfg, num_classes, meta["channels"])  # run's RNG alone
+        self.probe = fedmatch.probe_images(
+            cfg["seed"], cfg["method"]["probe_size"], tuple(meta["image_shape"])
+        )
         self.embeddings: dict[int, np.ndarray] = {}
         self.psi: dict[int, dict[str, np.ndarray]] = {}
 
@@ -51,15 +53,19 @@ class FedMatch(WeightedAverage):
         if helpers:
             record = self.round_record
             record.helpers = {**(record.helpers or {}), str(pid): helpers}
-        return {f"{contract.HELPER_PREFIX}{i}": numpy_to_arrays(self.psi[h]) for i, h in enumerate(helpers)}
+        return {
+            f"{contract.HELPER_PREFIX}{i}": numpy_to_arrays(self.psi[h])
+            for i, h in enumerate(helpers)
+        }
 
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         meta = self.cfg["data_meta"]
         for p in parsed:
             pid = p["metrics"]["partition_id"]
             self.model.load_state_dict({k: torch.from_numpy(v) for k, v in p["arrays"].items()})
-            self.embeddings[pid] = fedmatch.embedding(self.model, self.probe, tuple(meta["mean"]),
-                                                      tuple(meta["std"]))
+            self.embeddings[pid] = fedmatch.embedding(
+                self.model, self.probe, tuple(meta["mean"]), tuple(meta["std"])
+            )
             self.psi[pid] = {k: v.copy() for k, v in fedmatch.psi_state(p["arrays"]).items()}
 
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
@@ -71,6 +77,6 @@ class FedMatch(WeightedAverage):
     def load_state(self, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
         super().load_state(arrays, state)
         self.embeddings = {int(pid): v for pid, v in arrays.get("embeddings", {}).items()}
-        self.psi = {int(k.split(".", 1)[1]): dict(v) for k, v in arrays.items()
-                    if k.startswith("psi.")}
-
+        self.psi = {
+            int(k.split(".", 1)[1]): dict(v) for k, v in arrays.items() if k.startswith("psi.")
+        }

@@ -32,13 +32,15 @@ class FedRGD(WeightedAverage):
         s = min(self.cfg["method"]["groups"], n)
         return [np.sort(g) for g in np.array_split(rng.permutation(n), s)]
 
-    def coefficients(self, server_round: int, parsed: list[dict[str, Any]],
-                     weights: np.ndarray) -> np.ndarray:
+    def coefficients(
+        self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray
+    ) -> np.ndarray:
         groups = self.groups(server_round, len(parsed))
         out = np.zeros(len(parsed))
         for g in groups:
             share = weights[g] / weights[g].sum()
             out[g] = share * len(g) / (len(g) + 1) / len(groups)
-        self.round_record.groups = [[parsed[i]["metrics"]["partition_id"] for i in g]
-                                    for g in groups]
+        self.round_record.groups = [
+            [parsed[i]["metrics"]["partition_id"] for i in g] for g in groups
+        ]
         return out

@@ -25,7 +25,15 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -36,14 +44,30 @@ from .base import ServerSetup, WeightedAverage
 from .contract import arrays_to_numpy
 from .robust import STAT_SUFFIXES
 
-FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "fedadam": "FedAdam",
-          "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad", "fedmedian": "FedMedian",
-          "fedtrimmedavg": "FedTrimmedAvg", "krum": "Krum", "multikrum": "MultiKrum",
-          "bulyan": "Bulyan", "qfedavg": "QFedAvg"}
+FLOWER = {
+    "fedavg": "FedAvg",
+    "fedavgm": "FedAvgM",
+    "fedprox": "FedProx",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+    "fedmedian": "FedMedian",
+    "fedtrimmedavg": "FedTrimmedAvg",
+    "krum": "Krum",
+    "multikrum": "MultiKrum",
+    "bulyan": "Bulyan",
+    "qfedavg": "QFedAvg",
+}
 # Strategies whose aggregate ignores the per-client weights (so DMA cannot steer them).
 UNWEIGHTED = {"fedmedian", "fedtrimmedavg", "bulyan", "qfedavg"}
-REPLY_METRICS = ("train_loss", "num_labeled", "num_unlabeled", "partition_id", "loss_sup",
-                 "loss_unsup")
+REPLY_METRICS = (
+    "train_loss",
+    "num_labeled",
+    "num_unlabeled",
+    "partition_id",
+    "loss_sup",
+    "loss_unsup",
+)
 
 
 class StrategyError(ValueError):
@@ -57,25 +81,31 @@ def load_class(target: str) -> type:
     if not sep:
         module_name, _, attr = target.rpartition(".")
     if not module_name or not attr:
-        raise StrategyError(f"strategy.target '{target}' is not an import path: write "
-                            "'package.module:ClassName'")
+        raise StrategyError(
+            f"strategy.target '{target}' is not an import path: write 'package.module:ClassName'"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise StrategyError(f"strategy.target '{target}': cannot import module '{module_name}' "
-                            f"({err}); is it on PYTHONPATH or installed?") from err
+        raise StrategyError(
+            f"strategy.target '{target}': cannot import module '{module_name}' "
+            f"({err}); is it on PYTHONPATH or installed?"
+        ) from err
     cls = getattr(module, attr, None)
     if cls is None:
-        raise StrategyError(f"strategy.target '{target}': module '{module_name}' has no "
-                            f"'{attr}'")
+        raise StrategyError(f"strategy.target '{target}': module '{module_name}' has no '{attr}'")
     if not (inspect.isclass(cls) and issubclass(cls, Strategy)):
-        raise StrategyError(f"strategy.target '{target}' is not a subclass of "
-                            "flwr.serverapp.strategy.Strategy (the message API)")
+        raise StrategyError(
+            f"strategy.target '{target}' is not a subclass of "
+            "flwr.serverapp.strategy.Strategy (the message API)"
+        )
     missing = sorted(getattr(cls, "__abstractmethods__", set()))
     if missing:
-        raise StrategyError(f"strategy.target '{target}' does not implement {missing}: a "
-                            "Strategy needs configure_train, aggregate_train, configure_evaluate, "
-                            "aggregate_evaluate, summary")
+        raise StrategyError(
+            f"strategy.target '{target}' does not implement {missing}: a "
+            "Strategy needs configure_train, aggregate_train, configure_evaluate, "
+            "aggregate_evaluate, summary"
+        )
     return cls
 
 
@@ -86,17 +116,29 @@ def check_choice(cfg: dict[str, Any]) -> None:
     name = choice(scfg, "strategy.name", ("method", *FLOWER, "custom"), default=None)
     if name == "method":
         return
-    mapping(scfg, "strategy.params", default=None, nullable=True,
-            note="of the strategy's keyword arguments")
+    mapping(
+        scfg,
+        "strategy.params",
+        default=None,
+        nullable=True,
+        note="of the strategy's keyword arguments",
+    )
     own = cfg["method"]["strategy"]
     if own != "fedavg":
-        raise ConfigError(f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
-                          f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
-                          f"); strategy={name} cannot replace it. Use strategy=method, or a "
-                          "method that averages (fedavg, fixmatch, feddb, semifl)")
-    choice(cfg, "server.robust.rule", ("mean",), note=f"with strategy={name} (the strategy "
-           "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
-           "for a robust rule)")
+        raise ConfigError(
+            f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
+            f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
+            f"); strategy={name} cannot replace it. Use strategy=method, or a "
+            "method that averages (fedavg, fixmatch, feddb, semifl)"
+        )
+    choice(
+        cfg,
+        "server.robust.rule",
+        ("mean",),
+        note=f"with strategy={name} (the strategy "
+        "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
+        "for a robust rule)",
+    )
     if name == "custom":
         try:
             load_class(str(scfg["strategy"].get("target") or ""))
@@ -115,16 +157,21 @@ def build_inner(scfg: dict[str, Any]) -> Strategy:
         cls = getattr(fs, FLOWER[name])
     params = dict(scfg.get("params") or {})
     accepted = inspect.signature(cls.__init__).parameters
-    for key, value in (("fraction_train", 1.0), ("fraction_evaluate", 0.0),
-                       ("min_train_nodes", 1), ("min_evaluate_nodes", 1),
-                       ("min_available_nodes", 1)):
+    for key, value in (
+        ("fraction_train", 1.0),
+        ("fraction_evaluate", 0.0),
+        ("min_train_nodes", 1),
+        ("min_evaluate_nodes", 1),
+        ("min_available_nodes", 1),
+    ):
         if key in accepted and key not in params:
             params[key] = value
     try:
         return cls(**params)
     except TypeError as err:
-        raise StrategyError(f"strategy '{name}' cannot be built with strategy.params "
-                            f"{sorted(params)}: {err}") from err
+        raise StrategyError(
+            f"strategy '{name}' cannot be built with strategy.params {sorted(params)}: {err}"
+        ) from err
 
 
 class SampledNodes:
@@ -140,8 +187,9 @@ class SampledNodes:
 class FlowerStrategy(WeightedAverage):
     """The project's round around a Flower (or user) strategy's configure/aggregate."""
 
-    def __init__(self, cfg: dict[str, Any], num_classes: int,
-                 setup: ServerSetup | None = None) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
+    ) -> None:
         super().__init__(cfg, num_classes, setup)
         self.inner = build_inner(cfg["strategy"])
         self.inner_config: dict[str, Any] = {}
@@ -154,51 +202,64 @@ class FlowerStrategy(WeightedAverage):
 
     def trained_keys(self) -> list[str]:
         assert self.global_arrays is not None
-        return [k for k, v in self.global_arrays.items()
-                if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)]
+        return [
+            k
+            for k, v in self.global_arrays.items()
+            if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)
+        ]
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         self.global_arrays = arrays_to_numpy(arrays)
         pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
         nodes = sorted({self.node_of[p] for p in pids}) if self.node_of else [0]
-        trained = ArrayRecord({k: Array(np.ascontiguousarray(self.global_arrays[k]))
-                               for k in self.trained_keys()})
-        sent = list(self.inner.configure_train(server_round, trained, ConfigRecord(),
-                                               SampledNodes(nodes)))
+        trained = ArrayRecord(
+            {k: Array(np.ascontiguousarray(self.global_arrays[k])) for k in self.trained_keys()}
+        )
+        sent = list(
+            self.inner.configure_train(server_round, trained, ConfigRecord(), SampledNodes(nodes))
+        )
         self.inner_config = {}
         if sent:
             for record in sent[0].content.config_records.values():
-                self.inner_config.update({k: v for k, v in record.items()
-                                          if k != "server-round"})
+                self.inner_config.update({k: v for k, v in record.items() if k != "server-round"})
         return super().configure_train(server_round, arrays, config, grid)
 
-    def inner_replies(self, parsed: list[dict[str, Any]], client_arrays: list[dict],
-                      weights: np.ndarray) -> list[Message]:
+    def inner_replies(
+        self, parsed: list[dict[str, Any]], client_arrays: list[dict], weights: np.ndarray
+    ) -> list[Message]:
         keys = self.trained_keys()
         out = []
         for p, arrays, w in zip(parsed, client_arrays, weights):
             m = p["metrics"]
             metrics: dict[str, Any] = {"num-examples": float(w), "app_u": p["app_u"].tolist()}
             metrics.update({k: m[k] for k in REPLY_METRICS if isinstance(m.get(k), (int, float))})
-            content = RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(arrays[k]))
-                                                         for k in keys}),
-                                  "metrics": MetricRecord(metrics)})
+            content = RecordDict(
+                {
+                    "arrays": ArrayRecord(
+                        {k: Array(np.ascontiguousarray(arrays[k])) for k in keys}
+                    ),
+                    "metrics": MetricRecord(metrics),
+                }
+            )
             out.append(Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN))
         return out
 
-    def server_update(self, client_arrays: list[dict[str, np.ndarray]],
-                      weights: np.ndarray) -> dict[str, np.ndarray]:
+    def server_update(
+        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> dict[str, np.ndarray]:
         assert self.global_arrays is not None
         client_arrays, weights = self.defend(client_arrays, weights)
-        kept = (self.round_record.robust or {}).get("selected")     # server.robust.min_cosine
+        kept = (self.round_record.robust or {}).get("selected")  # server.robust.min_cosine
         parsed = [self.parsed[i] for i in kept] if kept is not None else self.parsed
-        self.round_record.strategy = {"name": self.cfg["strategy"]["name"],
-                                      "weights_used": self.cfg["strategy"]["name"]
-                                      not in UNWEIGHTED}
+        self.round_record.strategy = {
+            "name": self.cfg["strategy"]["name"],
+            "weights_used": self.cfg["strategy"]["name"] not in UNWEIGHTED,
+        }
         result, _ = self.inner.aggregate_train(
-            self.round_record.round,
-            self.inner_replies(parsed, client_arrays, weights))
+            self.round_record.round, self.inner_replies(parsed, client_arrays, weights)
+        )
         if result is None:
             raise RuntimeError(f"strategy '{self.cfg['strategy']['name']}' returned no arrays")
         new_trained = arrays_to_numpy(result)
@@ -207,10 +268,11 @@ class FlowerStrategy(WeightedAverage):
         for key, old in self.global_arrays.items():
             if key in new_trained:
                 new[key] = new_trained[key].astype(old.dtype).reshape(old.shape)
-            elif np.issubdtype(old.dtype, np.floating):         # BatchNorm running statistics
-                new[key] = sum(w / total * a[key].astype(np.float64)
-                               for w, a in zip(weights, client_arrays)).astype(old.dtype)
-            else:                                                # e.g. num_batches_tracked
+            elif np.issubdtype(old.dtype, np.floating):  # BatchNorm running statistics
+                new[key] = sum(
+                    w / total * a[key].astype(np.float64) for w, a in zip(weights, client_arrays)
+                ).astype(old.dtype)
+            else:  # e.g. num_batches_tracked
                 new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
         return new
 
@@ -218,9 +280,10 @@ class FlowerStrategy(WeightedAverage):
         self.parsed: list[dict[str, Any]] = []
         return super().aggregate_train(server_round, replies)
 
-    def coefficients(self, server_round: int, parsed: list[dict[str, Any]],
-                     weights: np.ndarray) -> np.ndarray:
-        self.parsed = parsed                       # server_update hands them to the strategy
+    def coefficients(
+        self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray
+    ) -> np.ndarray:
+        self.parsed = parsed  # server_update hands them to the strategy
         return weights
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -252,12 +315,24 @@ class FlowerStrategy(WeightedAverage):
                 packed = arrays[f"inner_{name}"]
                 setattr(self.inner, name, [packed[str(i)] for i in range(len(packed))])
             elif kind == "array_record":
-                setattr(self.inner, name, ArrayRecord({k: Array(np.ascontiguousarray(v))
-                                                       for k, v in arrays[f"inner_{name}"].items()}))
+                setattr(
+                    self.inner,
+                    name,
+                    ArrayRecord(
+                        {
+                            k: Array(np.ascontiguousarray(v))
+                            for k, v in arrays[f"inner_{name}"].items()
+                        }
+                    ),
+                )
         if state.get("inner_unsaved"):
-            log(WARNING, "resume: strategy '%s' kept state the checkpoint cannot hold (%s); these "
+            log(
+                WARNING,
+                "resume: strategy '%s' kept state the checkpoint cannot hold (%s); these "
                 "start afresh, so the resumed run is not the uninterrupted one",
-                self.cfg["strategy"]["name"], ", ".join(state["inner_unsaved"]))
+                self.cfg["strategy"]["name"],
+                ", ".join(state["inner_unsaved"]),
+            )
 
 
 def pack(value: Any) -> tuple[str, Any]:

@@ -48,28 +48,42 @@ def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
     return [k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating)]
 
 
-def flat_updates(global_arrays: dict[str, np.ndarray],
-                 client_arrays: list[dict[str, np.ndarray]], keys: list[str]) -> np.ndarray:
+def flat_updates(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    keys: list[str],
+) -> np.ndarray:
     """Row m: client m's update over `keys`, flattened into float32 (written in place)."""
     sizes = [global_arrays[k].size for k in keys]
     flat = np.empty((len(client_arrays), sum(sizes)), dtype=np.float32)
     for row, a in zip(flat, client_arrays):
         offset = 0
         for k, size in zip(keys, sizes):
-            np.subtract(a[k].ravel(), global_arrays[k].ravel(), out=row[offset:offset + size],
-                        casting="same_kind")
+            np.subtract(
+                a[k].ravel(),
+                global_arrays[k].ravel(),
+                out=row[offset : offset + size],
+                casting="same_kind",
+            )
             offset += size
     return flat
 
 
-def update_norms(global_arrays: dict[str, np.ndarray],
-                 client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> np.ndarray:
+def update_norms(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    workers: int = 1,
+) -> np.ndarray:
     flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
     return np.sqrt(block_sums(sum_squares, flat, workers))
 
 
-def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
-                 c: float, workers: int = 1) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+def clip_updates(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    c: float,
+    workers: int = 1,
+) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
     """Scale every update D_m down to norm <= c x median_m |D_m| (floating arrays only)."""
     norms = update_norms(global_arrays, client_arrays, workers)
     bound = c * float(np.median(norms))
@@ -80,9 +94,16 @@ def clip_updates(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[
             continue
         scale = bound / n
         clipped.append(i)
-        out.append({k: (global_arrays[k] + scale * (v.astype(np.float64) - global_arrays[k])
-                        ).astype(v.dtype) if k in global_arrays and
-                    np.issubdtype(v.dtype, np.floating) else v for k, v in a.items()})
+        out.append(
+            {
+                k: (global_arrays[k] + scale * (v.astype(np.float64) - global_arrays[k])).astype(
+                    v.dtype
+                )
+                if k in global_arrays and np.issubdtype(v.dtype, np.floating)
+                else v
+                for k, v in a.items()
+            }
+        )
     return out, {"norm_bound": bound, "clipped": clipped, "update_norms": norms.tolist()}
 
 
@@ -99,11 +120,11 @@ def middle_network(n: int) -> tuple[tuple[int, int], ...]:
             for j in range(k % p, size - k, 2 * k):
                 for i in range(min(k, size - j - k)):
                     if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
-                        network.append((i + j, i + j + k))     # padding (+inf) never moves
+                        network.append((i + j, i + j + k))  # padding (+inf) never moves
             k //= 2
         p *= 2
     needed, kept = {i for i in (n // 2 - 1, n // 2, n // 2 + 1) if 0 <= i < n}, []
-    for low, high in reversed(network):           # backwards: what the needed outputs read
+    for low, high in reversed(network):  # backwards: what the needed outputs read
         if low in needed or high in needed:
             kept.append((low, high))
             needed |= {low, high}
@@ -130,7 +151,7 @@ def select(mask: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(mask, a, b)
     ai, bi = np.ascontiguousarray(a).view(ints), np.ascontiguousarray(b).view(ints)
     out = mask.astype(ints)
-    np.negative(out, out=out)                        # all bits set where the mask holds
+    np.negative(out, out=out)  # all bits set where the mask holds
     np.bitwise_and(out, ai ^ bi, out=out)
     np.bitwise_xor(out, bi, out=out)
     return out.view(a.dtype)
@@ -142,9 +163,13 @@ def leave_one_out_medians(flat: np.ndarray) -> np.ndarray:
     remain (ties give the same value whichever is picked)."""
     n, h = flat.shape[0], flat.shape[0] // 2
     s = middle_rows(flat)
-    if n % 2 == 0:                                   # n - 1 left, odd: one middle value
+    if n % 2 == 0:  # n - 1 left, odd: one middle value
         return select(flat >= s[h], s[h - 1], s[h])
-    above, below, both = 0.5 * (s[h] + s[h + 1]), 0.5 * (s[h - 1] + s[h]), 0.5 * (s[h - 1] + s[h + 1])
+    above, below, both = (
+        0.5 * (s[h] + s[h + 1]),
+        0.5 * (s[h - 1] + s[h]),
+        0.5 * (s[h - 1] + s[h + 1]),
+    )
     return select(flat < s[h], above, select(flat > s[h], below, both))
 
 
@@ -154,35 +179,44 @@ def sum_squares(block: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", b, b)
 
 
-CHUNK = 16384               # columns per block: 10 clients' block of updates stays in L2 cache
+CHUNK = 16384  # columns per block: 10 clients' block of updates stays in L2 cache
 
 
-def block_sums(fn: Callable[[np.ndarray], np.ndarray], flat: np.ndarray,
-               workers: int = 1) -> np.ndarray:
+def block_sums(
+    fn: Callable[[np.ndarray], np.ndarray], flat: np.ndarray, workers: int = 1
+) -> np.ndarray:
     """Σ over column blocks of fn(block), fn giving sums over its block (float64). The blocks
     are contiguous copies that stay in cache; `workers` > 1 runs them on threads (numpy
     releases the GIL)."""
     starts = range(0, flat.shape[1], CHUNK)
-    part = lambda s: fn(np.ascontiguousarray(flat[:, s:s + CHUNK]))   # noqa: E731
+    part = lambda s: fn(np.ascontiguousarray(flat[:, s : s + CHUNK]))  # noqa: E731
     if workers > 1 and len(starts) > 1:
         with ThreadPoolExecutor(min(workers, len(starts))) as pool:
             return sum(pool.map(part, starts))
     return sum(map(part, starts))
 
 
-def median_agreement(global_arrays: dict[str, np.ndarray],
-                     client_arrays: list[dict[str, np.ndarray]], workers: int = 1) -> np.ndarray:
+def median_agreement(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    workers: int = 1,
+) -> np.ndarray:
     """Cosine similarity of each client's update with the coordinate-wise median of the OTHER
     clients' updates. Leaving the client out matters: a sign-flipped update pulls the median of
     all five towards itself (measured: its cosine with that median was positive in half of the
     rounds, while with the others' median it points against them)."""
     flat = flat_updates(global_arrays, client_arrays, float_keys(global_arrays))
 
-    def sums(block: np.ndarray) -> np.ndarray:       # f.ref, f.f, ref.ref per row, in float64
-        ref = leave_one_out_medians(block).astype(np.float64)   # float32: a threshold's input
+    def sums(block: np.ndarray) -> np.ndarray:  # f.ref, f.f, ref.ref per row, in float64
+        ref = leave_one_out_medians(block).astype(np.float64)  # float32: a threshold's input
         b = block.astype(np.float64)
-        return np.stack([np.einsum("ij,ij->i", b, ref), np.einsum("ij,ij->i", b, b),
-                         np.einsum("ij,ij->i", ref, ref)])
+        return np.stack(
+            [
+                np.einsum("ij,ij->i", b, ref),
+                np.einsum("ij,ij->i", b, b),
+                np.einsum("ij,ij->i", ref, ref),
+            ]
+        )
 
     dots, ff, rr = block_sums(sums, flat, workers)
     norms = np.sqrt(ff * rr)
@@ -212,10 +246,15 @@ def weighted_mean(old: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
     return avg + rest * old.astype(np.float64) if abs(rest) > 1e-12 else avg
 
 
-def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
-               weights: np.ndarray, loss_fn: Callable[[dict[str, np.ndarray]], float],
-               tol: float, candidates: list[int] | None = None,
-               workers: int = 1) -> tuple[list[int], dict[str, Any]]:
+def loss_check(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    weights: np.ndarray,
+    loss_fn: Callable[[dict[str, np.ndarray]], float],
+    tol: float,
+    candidates: list[int] | None = None,
+    workers: int = 1,
+) -> tuple[list[int], dict[str, Any]]:
     """LFR with threshold `tol`: the clients kept and, per client tested (`candidates`, or all),
     the relative loss change (L_all - L_without_m) / L_all (> 0: the average is worse with m;
     None: not tested). Weights are renormalised to their total over each subset; what they leave
@@ -227,14 +266,19 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
 
     def average(idx: list[int]) -> dict[str, np.ndarray]:
         w = renormalise(weights[idx], total)
-        return {k: (weighted_mean(g, [client_arrays[i][k] for i in idx], w).astype(g.dtype)
-                    if np.issubdtype(g.dtype, np.floating) else g)
-                for k, g in global_arrays.items()}
+        return {
+            k: (
+                weighted_mean(g, [client_arrays[i][k] for i in idx], w).astype(g.dtype)
+                if np.issubdtype(g.dtype, np.floating)
+                else g
+            )
+            for k, g in global_arrays.items()
+        }
 
     everyone = list(range(n))
     tested = everyone if candidates is None else sorted(candidates)
     subsets = [everyone] + [[j for j in everyone if j != i] for i in tested]
-    evaluate = lambda idx: loss_fn(average(idx))                     # noqa: E731
+    evaluate = lambda idx: loss_fn(average(idx))  # noqa: E731
     if workers > 1:
         with ThreadPoolExecutor(min(workers, len(subsets))) as pool:
             losses = list(pool.map(evaluate, subsets))
@@ -244,27 +288,34 @@ def loss_check(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[st
     impact = np.full(n, np.nan)
     for i, loss in zip(tested, losses[1:]):
         impact[i] = (base - loss) / max(abs(base), 1e-12)
-    worst = [int(i) for i in np.argsort(-np.nan_to_num(impact, nan=-np.inf), kind="stable")
-             if impact[i] > tol]
-    dropped = sorted(worst[:(n - 1) // 2])
+    worst = [
+        int(i)
+        for i in np.argsort(-np.nan_to_num(impact, nan=-np.inf), kind="stable")
+        if impact[i] > tol
+    ]
+    dropped = sorted(worst[: (n - 1) // 2])
     return [i for i in everyone if i not in dropped], {
-        "loss_all": base, "loss_impact": [None if np.isnan(v) else float(v) for v in impact],
-        "loss_dropped": dropped}
+        "loss_all": base,
+        "loss_impact": [None if np.isnan(v) else float(v) for v in impact],
+        "loss_dropped": dropped,
+    }
 
 
-def krum_select(client_arrays: list[dict[str, np.ndarray]], num_malicious: int,
-                num_selected: int) -> list[int]:
+def krum_select(
+    client_arrays: list[dict[str, np.ndarray]], num_malicious: int, num_selected: int
+) -> list[int]:
     """(Multi-)Krum: score each client by the summed squared distance to its n - f - 2 nearest
     others; keep the `num_selected` lowest scores (1: Krum)."""
     n = len(client_arrays)
     if n <= 2:
         return list(range(n))
-    records = [ArrayRecord([np.ascontiguousarray(a[k]) for k in float_keys(a)])
-               for a in client_arrays]
+    records = [
+        ArrayRecord([np.ascontiguousarray(a[k]) for k in float_keys(a)]) for a in client_arrays
+    ]
     dist = compute_distances(records)
     closest = max(1, n - num_malicious - 2)
     scores = [float(np.sort(np.delete(row, i))[:closest].sum()) for i, row in enumerate(dist)]
-    return sorted(int(i) for i in np.argsort(scores, kind="stable")[:max(1, min(num_selected, n))])
+    return sorted(int(i) for i in np.argsort(scores, kind="stable")[: max(1, min(num_selected, n))])
 
 
 def combine(stack: np.ndarray, weights: np.ndarray, rule: str, trim: float) -> np.ndarray:
@@ -276,11 +327,17 @@ def combine(stack: np.ndarray, weights: np.ndarray, rule: str, trim: float) -> n
     return np.tensordot(weights, stack, axes=1)
 
 
-def defend(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, np.ndarray]],
-           weights: np.ndarray, rb: dict[str, Any], server_round: int, tolerance: float | None,
-           workers: int = 1, audit: Callable[[dict[str, np.ndarray]], float] | None = None,
-           audit_workers: int = 1,
-           ) -> tuple[list[dict[str, np.ndarray]], np.ndarray, dict[str, Any], float]:
+def defend(
+    global_arrays: dict[str, np.ndarray],
+    client_arrays: list[dict[str, np.ndarray]],
+    weights: np.ndarray,
+    rb: dict[str, Any],
+    server_round: int,
+    tolerance: float | None,
+    workers: int = 1,
+    audit: Callable[[dict[str, np.ndarray]], float] | None = None,
+    audit_workers: int = 1,
+) -> tuple[list[dict[str, np.ndarray]], np.ndarray, dict[str, Any], float]:
     """`server.robust` (`rb`) on one round's updates, in the order they act: the norm bound, the
     agreement filter, the loss check (`audit`: a candidate's validation loss; `tolerance`: the
     round's fraction) and Krum's selection. Returns the kept updates, their weights (what the
@@ -291,42 +348,62 @@ def defend(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, n
         client_arrays, info = clip_updates(global_arrays, client_arrays, rb["clip"], workers)
         diag.update(info)
         if info["clipped"]:
-            log(INFO, "round %s: updates of %s client(s) clipped to %.3g (%s x the median "
-                "norm)", server_round, len(info["clipped"]),
-                info["norm_bound"], rb["clip"])
+            log(
+                INFO,
+                "round %s: updates of %s client(s) clipped to %.3g (%s x the median norm)",
+                server_round,
+                len(info["clipped"]),
+                info["norm_bound"],
+                rb["clip"],
+            )
     keep = list(range(len(client_arrays)))
     cos = None
     if rb["min_cosine"] is not None and len(client_arrays) > 2:
         cos = median_agreement(global_arrays, client_arrays, workers)
         keep = agreeing(cos, rb["min_cosine"], rb["min_cosine_margin"])
-        diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos))
-                                                   if i not in keep])
+        diag.update(cosines=cos.tolist(), dropped=[i for i in range(len(cos)) if i not in keep])
         if diag["dropped"]:
-            log(INFO, "round %s: agreement filter dropped update(s) %s: cosine with the "
+            log(
+                INFO,
+                "round %s: agreement filter dropped update(s) %s: cosine with the "
                 "median of the others below %s and the round's median cosine minus %s",
-                server_round, diag["dropped"], rb["min_cosine"],
-                rb["min_cosine_margin"])
+                server_round,
+                diag["dropped"],
+                rb["min_cosine"],
+                rb["min_cosine_margin"],
+            )
     loss_check_seconds = 0.0
     if rb["loss_check"] is not None and audit is not None and len(keep) > 2:
-        tested = None                  # the least agreeing of those kept, or all
+        tested = None  # the least agreeing of those kept, or all
         if rb.get("loss_check_candidates") is not None:
             if cos is None:
                 cos = median_agreement(global_arrays, client_arrays, workers)
                 diag["cosines"] = cos.tolist()
             order = np.argsort(cos[keep], kind="stable")
-            tested = order[:rb["loss_check_candidates"]].tolist()
+            tested = order[: rb["loss_check_candidates"]].tolist()
         tol = tolerance
         t0 = time.perf_counter()
-        sub, info = loss_check(global_arrays, [client_arrays[i] for i in keep],
-                               np.asarray(weights, dtype=np.float64)[keep], audit, tol, tested,
-                               audit_workers)
+        sub, info = loss_check(
+            global_arrays,
+            [client_arrays[i] for i in keep],
+            np.asarray(weights, dtype=np.float64)[keep],
+            audit,
+            tol,
+            tested,
+            audit_workers,
+        )
         loss_check_seconds = time.perf_counter() - t0
         info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]
         diag.update(info, loss_tolerance=tol)
         if info["loss_dropped"]:
-            log(INFO, "round %s: loss check dropped client(s) %s: without each the average's "
+            log(
+                INFO,
+                "round %s: loss check dropped client(s) %s: without each the average's "
                 "validation loss is lower by more than %.3g of it",
-                server_round, info["loss_dropped"], tol)
+                server_round,
+                info["loss_dropped"],
+                tol,
+            )
         keep = [keep[i] for i in sub]
     if rb["rule"] in ("krum", "multikrum"):
         f = rb["num_malicious"]
@@ -337,4 +414,3 @@ def defend(global_arrays: dict[str, np.ndarray], client_arrays: list[dict[str, n
         client_arrays = [client_arrays[i] for i in keep]
         diag["selected"] = keep
     return client_arrays, weights, diag, loss_check_seconds
-

@@ -10,14 +10,28 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
-                      MetricRecord, RecordDict)
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,  # noqa: E402
+    MetricRecord,
+    RecordDict,
+)
 
-from server_app.config import compose  # noqa: E402
 from feddb.inprocess import make_metadata  # noqa: E402,F401
+from server_app.config import compose  # noqa: E402
 
-TINY = ["fl.num_clients=4", "fl.fraction_train=0.5", "num_rounds=2", "dataset.num_labeled=200",
-        "train.local_epochs=2", "train.tau=0.5"]
+TINY = [
+    "fl.num_clients=4",
+    "fl.fraction_train=0.5",
+    "num_rounds=2",
+    "dataset.num_labeled=200",
+    "train.local_epochs=2",
+    "train.tau=0.5",
+]
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +59,13 @@ def small_npz(tmp_path_factory):
 
     src = np.load(next(p for p in embedded_candidates() if p.is_file()))
     path = tmp_path_factory.mktemp("data") / "small.npz"
-    np.savez(path, x_train=src["x_train"][:1000], y_train=src["y_train"][:1000],
-             x_test=src["x_test"][:200], y_test=src["y_test"][:200])
+    np.savez(
+        path,
+        x_train=src["x_train"][:1000],
+        y_train=src["y_train"][:1000],
+        x_test=src["x_test"][:200],
+        y_test=src["y_test"][:200],
+    )
     return path
 
 
@@ -64,22 +83,31 @@ def flower_pids(marker: Path) -> list[int]:
     return pids
 
 
-
-
-def make_instruction(arrays: ArrayRecord, config: ConfigRecord,
-                     mtype: str = MessageType.TRAIN) -> Message:
-    return Message(content=RecordDict({"arrays": arrays, "config": config}),
-                   metadata=make_metadata(mtype))
+def make_instruction(
+    arrays: ArrayRecord, config: ConfigRecord, mtype: str = MessageType.TRAIN
+) -> Message:
+    return Message(
+        content=RecordDict({"arrays": arrays, "config": config}), metadata=make_metadata(mtype)
+    )
 
 
 def make_context(pid: int = 0, n: int = 4) -> Context:
-    return Context(run_id=1, node_id=123, node_config={"partition-id": pid, "num-partitions": n},
-                   state=RecordDict(), run_config={})
+    return Context(
+        run_id=1,
+        node_id=123,
+        node_config={"partition-id": pid, "num-partitions": n},
+        state=RecordDict(),
+        run_config={},
+    )
 
 
 def make_reply(arrays: dict[str, np.ndarray], metrics: dict, node: int) -> Message:
     """A train reply as a client would send it, from `node`."""
     instruction = Message(content=RecordDict(), metadata=make_metadata(src=0, dst=node))
-    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-                          "metrics": MetricRecord(metrics)})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "metrics": MetricRecord(metrics),
+        }
+    )
     return Message(content=content, reply_to=instruction)

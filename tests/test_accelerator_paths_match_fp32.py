@@ -5,11 +5,11 @@ import os
 
 import pytest
 import torch
-
 from conftest import TINY
-from server_app.config import compose
+
 from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for
+from server_app.config import compose
 
 
 def fit(*overrides, method="feddb"):
@@ -59,17 +59,17 @@ def test_gpu_share_fits_measured_clients_in_gpu_memory():
     from feddb.resources import CONTEXT_BYTES, gpu_share
 
     gib = 2**30
-    assert gpu_share(80 * gib, 2 * gib, 10) == (0.1, 10)           # capped by clients per round
+    assert gpu_share(80 * gib, 2 * gib, 10) == (0.1, 10)  # capped by clients per round
     share, k = gpu_share(80 * gib, 20 * gib, 10)
     assert k == int(0.9 * 80 * gib // (20 * gib + CONTEXT_BYTES)) == 3 and share == 1 / 3
-    assert gpu_share(16 * gib, 40 * gib, 10) == (1.0, 1)           # never below one at a time
+    assert gpu_share(16 * gib, 40 * gib, 10) == (1.0, 1)  # never below one at a time
 
 
 def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
     from feddb.launch import gpus_per_client
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpus_per_client("auto", tiny_cfg) == 0.0                 # no CUDA: no GPU resource
+    assert gpus_per_client("auto", tiny_cfg) == 0.0  # no CUDA: no GPU resource
     assert gpus_per_client("0.25", tiny_cfg) == 0.25
     for bad in ("2", "-1", "half"):
         with pytest.raises(ValueError, match="in \\[0, 1\\] or auto"):
@@ -77,8 +77,9 @@ def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
 
 
 @pytest.mark.parametrize("foreach", [False, True])
-@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, True, 5e-4),
-                                                  (0.9, False, 1e-3)])
+@pytest.mark.parametrize(
+    "momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, True, 5e-4), (0.9, False, 1e-3)]
+)
 def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd, foreach):
     """fssl.sgd.SGD (no torch.optim import cost) takes the same steps as torch.optim.SGD,
     parameter groups, momentum buffers and parameters without gradients included, in both its
@@ -88,16 +89,22 @@ def test_own_sgd_equals_torch_sgd_bit_for_bit(momentum, nesterov, wd, foreach):
     torch.manual_seed(0)
     nets = [torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())
-    groups = [[{"params": list(n[0].parameters())},
-               {"params": list(n[1].parameters()), "weight_decay": 0.0}] for n in nets]
-    ours = SGD(groups[0], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd,
-               foreach=foreach)
+    groups = [
+        [
+            {"params": list(n[0].parameters())},
+            {"params": list(n[1].parameters()), "weight_decay": 0.0},
+        ]
+        for n in nets
+    ]
+    ours = SGD(
+        groups[0], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd, foreach=foreach
+    )
     ref = torch.optim.SGD(groups[1], lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
     for step in range(5):
         x = torch.randn(8, 5)
         for net, opt in zip(nets, (ours, ref)):
             opt.zero_grad(set_to_none=True)
-            head_only = step in (0, 2)           # layer 0: no gradient in steps 0 and 2
+            head_only = step in (0, 2)  # layer 0: no gradient in steps 0 and 2
             out = net[1](net[0](x).detach() if head_only else net[0](x))
             out.square().mean().backward()
             opt.step()
@@ -127,16 +134,15 @@ if [ "$cmd" = quit ]; then rm -f {state}; exit 0; fi
         assert "started" in line and state.exists()
     assert not state.exists()
     assert log.read_text().split() == ["get_server_list", "start", "quit"]
-    state.touch()                                    # a daemon someone else runs
+    state.touch()  # a daemon someone else runs
     with mps(True) as line:
         assert "already running" in line
     assert state.exists() and log.read_text().split()[-1] == "get_server_list"
     with mps(False) as line:
         assert line == ""
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on PATH"):
-        with mps(True):
-            pass
+    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on PATH"), mps(True):
+        pass
 
 
 @pytest.mark.parametrize("channels", [1, 3])

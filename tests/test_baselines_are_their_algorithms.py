@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TINY, make_reply
+
 from fssl import fedmatch
-from server_app.config import compose
 from fssl.losses import debias
 from fssl.methods import make_model, make_trainer
 from fssl.models import build_model
 from fssl.runtime import data_meta, dataset_for
 from fssl.train import ClientData
+from server_app.config import compose
 from strategy import FedMatch, FedRGD, make_strategy
 from strategy.base import gradient_diversity
 
@@ -32,8 +32,12 @@ def toy_data(n_l=12, n_u=20, seed=0):
 def trainer_for(cfg, seed=0):
     meta = cfg["data_meta"]
     t = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
-    t.gen, t.rng, t.helper_psi, t.helpers = (torch.Generator().manual_seed(seed),
-                                             np.random.default_rng(seed), [], [])
+    t.gen, t.rng, t.helper_psi, t.helpers = (
+        torch.Generator().manual_seed(seed),
+        np.random.default_rng(seed),
+        [],
+        [],
+    )
     return t
 
 
@@ -46,6 +50,7 @@ def changed(before, after, keys):
 
 
 # -- FedMatch: decomposition and disjoint learning ----------------------------------------------
+
 
 def test_decomposition_keeps_the_initial_function_and_thresholds_psi_in_eval():
     cfg = cfg_for("fedmatch")
@@ -61,10 +66,10 @@ def test_decomposition_keeps_the_initial_function_and_thresholds_psi_in_eval():
     for s in sigmas:
         assert torch.allclose(state[s.replace("original", "0.psi")], 0.2 * state[s])
     x = torch.randn(8, 1, 28, 28)
-    assert torch.allclose(model(x), plain(x), atol=1e-5)          # theta = sigma + psi = w
+    assert torch.allclose(model(x), plain(x), atol=1e-5)  # theta = sigma + psi = w
     conv = model.features[0]
     with torch.no_grad():
-        conv.parametrizations.weight[0].psi.fill_(1e-7)           # below l1_thres = 5e-6
+        conv.parametrizations.weight[0].psi.fill_(1e-7)  # below l1_thres = 5e-6
     sigma = conv.parametrizations.weight.original
     model.eval()
     assert torch.equal(conv.weight, sigma)
@@ -73,14 +78,14 @@ def test_decomposition_keeps_the_initial_function_and_thresholds_psi_in_eval():
 
 
 def test_sigma_does_not_move_on_the_unlabeled_step_nor_psi_on_the_labeled_step():
-    cfg = cfg_for("fedmatch", "train.tau=0.05")                    # every sample confident
+    cfg = cfg_for("fedmatch", "train.tau=0.05")  # every sample confident
     model, t, data = make_model(cfg, 10, 1), trainer_for(cfg), toy_data()
     opt = t.make_optimizer(model, 0.1)
     keys = list(model.state_dict())
     psi = [k for k in keys if fedmatch.is_psi(k)]
     sigma_side = [k for k in keys if k not in psi and "running" not in k]
     prior = torch.full((10,), 0.1)
-    for _ in range(2):                                              # also with momentum buffers
+    for _ in range(2):  # also with momentum buffers
         before = snapshot(model)
         t.supervised_step(model, opt, data, torch.arange(len(data.y_l)))
         after = snapshot(model)
@@ -98,12 +103,21 @@ def test_psi_step_is_the_gradient_of_the_l2_and_l1_terms(reduction):
     psi by exactly -lr * 2 lambda_l2 (psi - sigma) (resp. -lr * lambda_l1 sign(psi)); with
     l2_reduction=mean the L2 part is divided by the number of psi values."""
     for l1, l2 in ((0.0, 0.5), (0.3, 0.0)):
-        cfg = cfg_for("fedmatch", "train.momentum=0", "train.grad_clip=0", "method.lambda_a=0",
-                      "method.lambda_i=0", f"method.lambda_l1={l1}", f"method.lambda_l2={l2}",
-                      f"method.l2_reduction={reduction}")
+        cfg = cfg_for(
+            "fedmatch",
+            "train.momentum=0",
+            "train.grad_clip=0",
+            "method.lambda_a=0",
+            "method.lambda_i=0",
+            f"method.lambda_l1={l1}",
+            f"method.lambda_l2={l2}",
+            f"method.l2_reduction={reduction}",
+        )
         model, t = make_model(cfg, 10, 1), trainer_for(cfg)
         opt = t.make_optimizer(model, 0.1)
-        pairs = [(s.detach().clone(), p.detach().clone()) for s, p in fedmatch.decomposed_pairs(model)]
+        pairs = [
+            (s.detach().clone(), p.detach().clone()) for s, p in fedmatch.decomposed_pairs(model)
+        ]
         n = sum(p.numel() for _, p in pairs) if reduction == "mean" else 1
         t.unsupervised_step(model, opt, toy_data(), None, torch.full((10,), 0.1))
         for (sigma, psi), (_, new) in zip(pairs, fedmatch.decomposed_pairs(model)):
@@ -116,7 +130,7 @@ def test_agreement_labels_vote_gate_on_the_local_model_and_debias_every_voter():
     h1 = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
     h2 = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.2, 0.1, 0.7]])
     labels, mask = fedmatch.agreement_labels(local, [h1, h2], tau=0.75)
-    assert labels.tolist() == [1, 0, 2]          # majority; 1-1-1 tie -> lowest class; majority
+    assert labels.tolist() == [1, 0, 2]  # majority; 1-1-1 tie -> lowest class; majority
     assert mask.tolist() == [True, False, False]  # only the local model gates
     assert fedmatch.agreement_labels(local, [], 0.75)[0].tolist() == [0, 0, 0]
     prior = torch.tensor([0.7, 0.2, 0.1])
@@ -134,7 +148,7 @@ def test_helpers_are_the_true_nearest_neighbours():
     for pid, v in emb.items():
         dist = sorted((np.linalg.norm(v - w), q) for q, w in emb.items() if q != pid)
         assert fedmatch.nearest_helpers(emb, pid, 2) == [q for _, q in dist[:2]]
-    assert fedmatch.nearest_helpers(emb, 1000, 2) == []              # never uploaded: no helpers
+    assert fedmatch.nearest_helpers(emb, 1000, 2) == []  # never uploaded: no helpers
 
 
 def _metrics(pid, k=10):
@@ -143,8 +157,12 @@ def _metrics(pid, k=10):
 
 def _perturbed(arrays, seed):
     rng = np.random.default_rng(seed)
-    return {k: (v + 0.05 * rng.standard_normal(v.shape).astype(v.dtype))
-            if np.issubdtype(v.dtype, np.floating) else v for k, v in arrays.items()}
+    return {
+        k: (v + 0.05 * rng.standard_normal(v.shape).astype(v.dtype))
+        if np.issubdtype(v.dtype, np.floating)
+        else v
+        for k, v in arrays.items()
+    }
 
 
 def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_identity):
@@ -162,13 +180,16 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     meta = cfg["data_meta"]
     for pid, arrays in uploads.items():
         model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
-        assert np.allclose(s.embeddings[pid], fedmatch.embedding(model, s.probe, tuple(meta["mean"]),
-                                                                 tuple(meta["std"])))
+        assert np.allclose(
+            s.embeddings[pid],
+            fedmatch.embedding(model, s.probe, tuple(meta["mean"]), tuple(meta["std"])),
+        )
         assert set(s.psi[pid]) == {k for k in glob if fedmatch.is_psi(k)}
 
     from flwr.app import ArrayRecord, ConfigRecord
+
     arrays = ArrayRecord({k: torch.from_numpy(v) for k, v in glob.items()})
-    msgs = list(s.configure_train(10, arrays, ConfigRecord(), grid=None))    # 10 % 10 == 0
+    msgs = list(s.configure_train(10, arrays, ConfigRecord(), grid=None))  # 10 % 10 == 0
     assert msgs
     for m in msgs:
         pid = m.metadata.dst_node_id - 100
@@ -176,7 +197,9 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
         assert len(expected) == 2 and s.round_record.helpers[str(pid)] == expected
         for i, h in enumerate(expected):
             got = {k: v.numpy() for k, v in m.content[f"helper_{i}"].items()}
-            assert set(got) == set(s.psi[h]) and all(np.array_equal(got[k], s.psi[h][k]) for k in got)
+            assert set(got) == set(s.psi[h]) and all(
+                np.array_equal(got[k], s.psi[h][k]) for k in got
+            )
     later = list(s.configure_train(11, arrays, ConfigRecord(), grid=None))
     assert all(not any(k.startswith("helper_") for k in m.content.array_records) for m in later)
     # the caches are part of the checkpointed state
@@ -188,6 +211,7 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
 
 
 # -- FedRGD ----------------------------------------------------------------------------------
+
 
 def _arrays(w):
     return {"w": np.asarray(w, np.float32), "n.num_batches_tracked": np.array(1, np.int64)}
@@ -204,12 +228,13 @@ def test_fedrgd_aggregate_is_the_grouped_average_with_the_global_model_in_every_
     new, _ = s.aggregate_train(7, [make_reply(a, _metrics(p), node=p) for p, a in clients.items()])
     groups = s.round_record.groups
     assert sorted(len(g) for g in groups) == [2, 3] and sorted(sum(groups, [])) == list(clients)
-    expected = np.mean([(glob["w"] + sum(clients[p]["w"] for p in g)) / (len(g) + 1)
-                        for g in groups], axis=0)                    # Eq. 7 with w_s = global
+    expected = np.mean(
+        [(glob["w"] + sum(clients[p]["w"] for p in g)) / (len(g) + 1) for g in groups], axis=0
+    )  # Eq. 7 with w_s = global
     assert np.allclose(new["w"].numpy(), expected, atol=1e-6)
-    global_weight = 0.5 * (1 / 3 + 1 / 4)                           # (1/S) sum_i 1 / (|G_i| + 1)
+    global_weight = 0.5 * (1 / 3 + 1 / 4)  # (1/S) sum_i 1 / (|G_i| + 1)
     assert sum(c["weight"] for c in s.round_record.clients) == pytest.approx(1 - global_weight)
-    assert s.groups(7, 5)[0].tolist() == s.groups(7, 5)[0].tolist()   # seeded
+    assert s.groups(7, 5)[0].tolist() == s.groups(7, 5)[0].tolist()  # seeded
     assert any(s.groups(r, 5)[0].tolist() != s.groups(7, 5)[0].tolist() for r in range(8, 20))
 
 
@@ -221,6 +246,7 @@ def test_gradient_diversity_on_hand_built_updates():
 
 
 # -- SemiFL ----------------------------------------------------------------------------------
+
 
 def test_semifl_mixup_targets_mix_the_two_labels_with_the_sampled_lambda(monkeypatch):
     import fssl.semifl
@@ -239,22 +265,29 @@ def test_semifl_mixup_targets_mix_the_two_labels_with_the_sampled_lambda(monkeyp
     assert lam == np.random.default_rng(3).beta(0.75, 0.75)
     assert n_extra == 6 and torch.allclose(x[:3], t.norm(x_u[[2, 5, 11]]))
     m, sd = cfg["data_meta"]["mean"][0] * 255, cfg["data_meta"]["std"][0] * 255
-    mixed = x[3:, 0, 0, 0] * sd + m                                 # lam v_fix + (1 - lam) v_partner
-    partner = ((mixed - lam * 10 * torch.tensor([2.0, 5.0, 11.0])) / (1 - lam) / 10)
+    mixed = x[3:, 0, 0, 0] * sd + m  # lam v_fix + (1 - lam) v_partner
+    partner = (mixed - lam * 10 * torch.tensor([2.0, 5.0, 11.0])) / (1 - lam) / 10
     assert torch.allclose(partner, partner.round(), atol=1e-3)
     partner = partner.round().long()
     logits = torch.randn(6, 10)
     y_fix, y_partner = t.pl_labels[[2, 5, 11]], t.pl_labels[partner]
-    expected = (F.cross_entropy(logits[:3], y_fix) + lam * F.cross_entropy(logits[3:], y_fix)
-                + (1 - lam) * F.cross_entropy(logits[3:], y_partner))
+    expected = (
+        F.cross_entropy(logits[:3], y_fix)
+        + lam * F.cross_entropy(logits[3:], y_fix)
+        + (1 - lam) * F.cross_entropy(logits[3:], y_partner)
+    )
     assert torch.allclose(loss_fn(logits), expected)
 
 
 def test_semifl_labels_once_from_the_received_model_and_dpl_changes_them_as_the_formula_says():
     probs = torch.tensor([[0.96, 0.02, 0.02], [0.50, 0.45, 0.05], [0.30, 0.30, 0.40]])
     prior = torch.tensor([0.8, 0.1, 0.1])
-    data = ClientData(torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.tensor([0]),
-                      torch.zeros(3, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1, 2]))
+    data = ClientData(
+        torch.zeros(1, 1, 4, 4, dtype=torch.uint8),
+        torch.tensor([0]),
+        torch.zeros(3, 1, 4, 4, dtype=torch.uint8),
+        torch.tensor([0, 1, 2]),
+    )
     for dpl in (False, True):
         cfg = cfg_for("semifl", f"dpl={str(dpl).lower()}", "train.tau=0.6")
         t = trainer_for(cfg)
@@ -262,14 +295,17 @@ def test_semifl_labels_once_from_the_received_model_and_dpl_changes_them_as_the_
         p = debias(probs, prior) if dpl else probs
         assert t.pl_labels.tolist() == p.argmax(1).tolist()
         assert t.fix_idx.tolist() == (p.max(1).values >= 0.6).nonzero().flatten().tolist()
-    assert t.pl_labels.tolist() == [0, 1, 2] and t.fix_idx.tolist() == [0, 1]   # without: [0, 0, 2], [0]
+    assert t.pl_labels.tolist() == [0, 1, 2] and t.fix_idx.tolist() == [
+        0,
+        1,
+    ]  # without: [0, 0, 2], [0]
 
 
 def test_fedrgd_client_labels_all_unlabeled_data_online_each_step_fixmatch_once_per_round():
     data = toy_data()
     prior = torch.full((10,), 0.1)
     probs = torch.full((20, 10), 0.1)
-    probs[:4] = F.one_hot(torch.arange(4), 10).float()              # 4 confident samples
+    probs[:4] = F.one_hot(torch.arange(4), 10).float()  # 4 confident samples
     for method, expected in (("fedrgd", 2 * 20), ("fixmatch", 4)):
         cfg = cfg_for(method, "train.tau=0.9")
         t = trainer_for(cfg)
@@ -283,6 +319,7 @@ def test_the_shipped_app_u_carries_local_training_in_the_cpu_presets(experiment)
     """Algorithm 2 as printed averages the models *entering* each epoch: with the CPU presets'
     one epoch the shipped APP-U is the received model's and DMA never sees local training. The
     default estimate takes each epoch's model after its update."""
+
     def fit(*extra):
         cfg = cfg_for("feddb", f"experiment={experiment}", "train.tau=0.5", *extra)
         torch.manual_seed(0)
@@ -296,6 +333,6 @@ def test_the_shipped_app_u_carries_local_training_in_the_cpu_presets(experiment)
     assert shipped.sum() == pytest.approx(1.0, abs=1e-5)
     cfg, literal, received = fit("app_u.estimate=literal")
     if cfg["train"]["local_epochs"] == 1:
-        assert np.array_equal(literal, received)     # what the literal estimate ships
+        assert np.array_equal(literal, received)  # what the literal estimate ships
     else:
         assert np.abs(literal - received).max() > 0

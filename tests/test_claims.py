@@ -10,28 +10,56 @@ import yaml
 from feddb import claims
 from server_app.config import compose
 
-ROWS = {"fedavg": ["method=fedavg"], "fixmatch": ["method=fixmatch"],
-        "fixmatch-uniform": ["method=fixmatch", "server.weighting=uniform"],
-        "fixmatch-feddpl": ["method=fixmatch", "dpl=true"],
-        "feddb-without-dpl": ["method=feddb", "dpl=false"], "feddb": ["method=feddb"]}
+ROWS = {
+    "fedavg": ["method=fedavg"],
+    "fixmatch": ["method=fixmatch"],
+    "fixmatch-uniform": ["method=fixmatch", "server.weighting=uniform"],
+    "fixmatch-feddpl": ["method=fixmatch", "dpl=true"],
+    "feddb-without-dpl": ["method=feddb", "dpl=false"],
+    "feddb": ["method=feddb"],
+}
 
 
 def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True):
-    cfg = compose([*ROWS[row], "experiment=miniature", f"seed={seed}", f"num_rounds={rounds}",
-                   f"train.warmup_rounds={warmup}", "partition=dir0.1"])
+    cfg = compose(
+        [
+            *ROWS[row],
+            "experiment=miniature",
+            f"seed={seed}",
+            f"num_rounds={rounds}",
+            f"train.warmup_rounds={warmup}",
+            "partition=dir0.1",
+        ]
+    )
     d = root / "cpu" / "mnist10k_dir0.1" / row / f"s{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (d / "provenance.json").write_text(json.dumps({"commit": "abcdef0123", "dirty": False,
-                                                   "date": "2026-11-25T10:00:00+00:00",
-                                                   "hardware": "CPU, 2 cores"}))
+    (d / "provenance.json").write_text(
+        json.dumps(
+            {
+                "commit": "abcdef0123",
+                "dirty": False,
+                "date": "2026-11-25T10:00:00+00:00",
+                "hardware": "CPU, 2 cores",
+            }
+        )
+    )
     lines = []
     for r in range(1, (rounds if complete else rounds - 1) + 1):
         cls = [worst] + [final] * 9
-        lines.append({"round": r, "test_accuracy": final, "val_accuracy": final,
-                      "class_accuracy": cls, "top_class_share": top, "collapsed": False,
-                      "clients": [{"app_u": [0.2, 0.8], "app_u_global": [0.3, 0.7]}],
-                      "robust": {"rule": "mean", "clip": None}, "dma": None})
+        lines.append(
+            {
+                "round": r,
+                "test_accuracy": final,
+                "val_accuracy": final,
+                "class_accuracy": cls,
+                "top_class_share": top,
+                "collapsed": False,
+                "clients": [{"app_u": [0.2, 0.8], "app_u_global": [0.3, 0.7]}],
+                "robust": {"rule": "mean", "clip": None},
+                "dma": None,
+            }
+        )
     (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -39,36 +67,46 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
     noise = [0.0, 0.004, -0.003]
     for seed, e in enumerate(noise):
         fake_run(tmp_path, "fedavg", seed, 0.80 + e, 0.5, 0.14)
-        fake_run(tmp_path, "fixmatch", seed, 0.90 + e, 0.7, 0.12)           # SSL: +10
+        fake_run(tmp_path, "fixmatch", seed, 0.90 + e, 0.7, 0.12)  # SSL: +10
         fake_run(tmp_path, "fixmatch-uniform", seed, 0.90 + e, 0.7, 0.12)
         fake_run(tmp_path, "fixmatch-feddpl", seed, 0.88 + e / 2, 0.75, 0.11)  # DPL -2, worst +5
         fake_run(tmp_path, "feddb-without-dpl", seed, 0.90 + (-e if seed else 0.01), 0.7, 0.12)
         fake_run(tmp_path, "feddb", seed, 0.88 + e, 0.75, 0.11)
-    fake_run(tmp_path, "feddb", 3, 0.99, 0.9, 0.1, complete=False)          # still running
+    fake_run(tmp_path, "feddb", 3, 0.99, 0.9, 0.1, complete=False)  # still running
     out = tmp_path / "out"
     assert claims.main([str(tmp_path), "--out", str(out)]) == 0
     md = (out / "claims.md").read_text()
-    section = md[md.index("## Verdicts"):md.index("## cpu regime")]
-    verdicts = {line.split("|")[1].strip(): line.split("|")[2].strip()
-                for line in section.splitlines()[4:] if line.startswith("| ")}
-    assert verdicts == {"SSL helps": "holds", "DPL helps": "fails",
-                        "DMA helps": "not shown", "FedDB beats FixMatch": "fails"}
+    section = md[md.index("## Verdicts") : md.index("## cpu regime")]
+    verdicts = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in section.splitlines()[4:]
+        if line.startswith("| ")
+    }
+    assert verdicts == {
+        "SSL helps": "holds",
+        "DPL helps": "fails",
+        "DMA helps": "not shown",
+        "FedDB beats FixMatch": "fails",
+    }
     assert "Provenance: 18 complete runs, started at commit abcdef0;" in md  # unfinished: out
     assert "Defences that changed an aggregate: 0 of 18 runs" in md
     rows = list(csv.DictReader((out / "claims.csv").open()))
     dpl = next(r for r in rows if r["a"] == "FixMatch-FedDPL, n_m")
     assert dpl["b"] == "FixMatch, n_m" and dpl["seeds"] == "0 1 2"
     assert float(dpl["final_mean"]) == pytest.approx(-2.0 - 100 * np.mean(noise) / 2, abs=1e-4)
-    assert float(dpl["worst_final_mean"]) == pytest.approx(5.0)            # the worst class gains
-    assert float(dpl["top_final_mean"]) == pytest.approx(1.0)              # share falls 1 point
+    assert float(dpl["worst_final_mean"]) == pytest.approx(5.0)  # the worst class gains
+    assert float(dpl["top_final_mean"]) == pytest.approx(1.0)  # share falls 1 point
     assert "| FixMatch, n_m | 3 | 90.03 ± 0.35 |" in md
-    assert "| 0.200 | 0 |" in md                                           # APP-U moved (L1)
+    assert "| 0.200 | 0 |" in md  # APP-U moved (L1)
     for png in ("cpu_classes.png", "cpu_pseudo_labels.png", "cpu_figure3.png"):
         assert (out / png).stat().st_size > 10_000 and f"]({png})" in md
     # the archived records give the same tables
     import tarfile
 
-    assert claims.main([str(tmp_path), "--out", str(out), "--archive", str(tmp_path / "a.tar.xz")]) == 0
+    assert (
+        claims.main([str(tmp_path), "--out", str(out), "--archive", str(tmp_path / "a.tar.xz")])
+        == 0
+    )
     with tarfile.open(tmp_path / "a.tar.xz") as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
     again = tmp_path / "again"
@@ -93,31 +131,48 @@ def test_claims_input_errors(tmp_path, capsys):
     assert "no complete runs" in capsys.readouterr().err
 
 
-def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(small_npz, tmp_path, capsys,
-                                                                  task_identity):
+def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
+    small_npz, tmp_path, capsys, task_identity
+):
     """A run in the sweep layout, its runs.csv line, then `feddb reproduce`: the same code and
     run-config land on the same accuracy; a published figure moved by 2 points does not pass."""
-    from feddb import reproduce
-    from feddb.report import load_runs
     from localgrid import run_in_process
 
+    from feddb import reproduce
+    from feddb.report import load_runs
+
     run_dir = tmp_path / "pub" / "cpu" / "npz_dir0.3" / "fixmatch" / "s1"
-    run_in_process({"method": "fixmatch", "dataset": "npz", "data-path": str(small_npz),
-                    "seed": 1, "num-server-rounds": 2, "output-dir": str(run_dir),
-                    "overrides": "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=100 "
-                                 "train.tau=0.5 fl.node_wait=0 checkpoint.every=0"})
+    run_in_process(
+        {
+            "method": "fixmatch",
+            "dataset": "npz",
+            "data-path": str(small_npz),
+            "seed": 1,
+            "num-server-rounds": 2,
+            "output-dir": str(run_dir),
+            "overrides": "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=100 "
+            "train.tau=0.5 fl.node_wait=0 checkpoint.every=0",
+        }
+    )
     runs = [dict(r, regime="cpu") for r in load_runs([tmp_path / "pub"])]
     table = tmp_path / "runs.csv"
     reproduce.write_runs(runs, table)
     line = next(csv.DictReader(table.open()))
     assert (line["regime"], line["row"], line["dataset"], line["partition"], line["seed"]) == (
-        "cpu", "fixmatch", "npz", "dir0.3", "1")
+        "cpu",
+        "fixmatch",
+        "npz",
+        "dir0.3",
+        "1",
+    )
     assert "output-dir" not in json.loads(line["run_config"])
     out = tmp_path / "again"
     assert reproduce.main([str(table), "--select", "regime=cpu seed=1", "--out", str(out)]) == 0
     assert "1 of 1 within 1.5 points (largest difference 0.00)" in capsys.readouterr().out
     moved = tmp_path / "moved.csv"
-    moved.write_text(table.read_text().replace(f",{line['final']},", f",{float(line['final']) + 2:.2f},"))
+    moved.write_text(
+        table.read_text().replace(f",{line['final']},", f",{float(line['final']) + 2:.2f},")
+    )
     assert reproduce.main([str(moved), "--select", "seed=1", "--out", str(out)]) == 1  # reused
     assert "OUTSIDE the tolerance" in capsys.readouterr().out
     assert reproduce.main([str(table), "--select", "seed=7", "--out", str(out)]) == 2

@@ -26,8 +26,13 @@ def test_an_unknown_subcommand_says_which_exist(capsys):
 
 @pytest.mark.parametrize("cmd", sorted(COMMANDS))
 def test_every_subcommand_has_help(cmd):
-    res = subprocess.run([sys.executable, "-m", "feddb.cli", cmd, "--help"], cwd=PROJECT,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "feddb.cli", cmd, "--help"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert ("usage" in res.stdout.lower()) or ("powered by hydra" in res.stdout.lower())
 
@@ -35,10 +40,13 @@ def test_every_subcommand_has_help(cmd):
 def test_round_lines_become_a_progress_bar():
     from feddb.launch import progress_bar
 
-    line = ("INFO :      [feddb] round  12/40  test acc 0.9120  val acc 0.9080  loss 0.31  "
-            "pl ratio 0.50  top class 0.12  2.1s/round  eta 1m20s")
-    assert progress_bar(line) == ("[#######-----------------] round 12/40  test 91.2 %  "
-                                  "val 90.8 %  eta 1m20s")
+    line = (
+        "INFO :      [feddb] round  12/40  test acc 0.9120  val acc 0.9080  loss 0.31  "
+        "pl ratio 0.50  top class 0.12  2.1s/round  eta 1m20s"
+    )
+    assert progress_bar(line) == (
+        "[#######-----------------] round 12/40  test 91.2 %  val 90.8 %  eta 1m20s"
+    )
     assert progress_bar("INFO : Starting Flower ServerApp") is None
 
 

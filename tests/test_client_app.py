@@ -3,13 +3,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY, make_context, make_instruction
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 
 from client_app.app import app as client_app
-from conftest import TINY, make_context, make_instruction
-from server_app.config import compose
 from fssl.methods import make_model
 from fssl.models import build_model
+from server_app.config import compose
 
 
 def with_meta(cfg):
@@ -24,8 +24,7 @@ def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN, node_config=None, 
     torch.manual_seed(0)
     model = make_model(cfg, 10, 1)
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
-    config = ConfigRecord({"server-round": server_round, "lr": 0.1,
-                           "run-config": json.dumps(cfg)})
+    config = ConfigRecord({"server-round": server_round, "lr": 0.1, "run-config": json.dumps(cfg)})
     ctx = make_context(pid)
     ctx.node_config.update(node_config or {})
     ins = make_instruction(arrays, config, mtype)
@@ -42,7 +41,7 @@ def test_train_reply_carries_model_app_u_and_metrics(method):
     out = reply.content["arrays"].to_torch_state_dict()
     ref = model.state_dict()
     assert list(out) == list(ref) and all(out[k].shape == ref[k].shape for k in ref)
-    assert any(not torch.equal(out[k], ref[k]) for k in ref)          # it trained
+    assert any(not torch.equal(out[k], ref[k]) for k in ref)  # it trained
     m = reply.content["metrics"]
     assert m["partition_id"] == 1
     app_u = np.array(m["app_u"])
@@ -59,7 +58,7 @@ def test_train_reply_carries_model_app_u_and_metrics(method):
 def test_fedmatch_client_uses_the_helpers_it_receives():
     from fssl.fedmatch import psi_state
 
-    cfg = compose(TINY + ["method=fedmatch", "train.tau=0.05"])    # every sample confident
+    cfg = compose(TINY + ["method=fedmatch", "train.tau=0.05"])  # every sample confident
     torch.manual_seed(5)
     helper = make_model(with_meta(cfg), 10, 1)
     psi = ArrayRecord(psi_state(helper.state_dict()))
@@ -68,7 +67,7 @@ def test_fedmatch_client_uses_the_helpers_it_receives():
     assert alone.content["metrics"]["num_helpers"] == 0
     assert helped.content["metrics"]["num_helpers"] == 2
     a, b = (r.content["arrays"].to_torch_state_dict() for r in (alone, helped))
-    assert any(not torch.equal(a[k], b[k]) for k in a)            # the helpers changed training
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the helpers changed training
 
 
 def test_train_is_deterministic_per_seed_round_and_partition():
@@ -86,7 +85,7 @@ def test_dpl_switch_changes_pseudo_labels():
     _, off = _run(compose(base + ["dpl=false"]), pid=0)
     _, on = _run(compose(base + ["dpl=true"]), pid=0)
     m_off, m_on = off.content["metrics"], on.content["metrics"]
-    assert m_off["app_u_global"] == m_on["app_u_global"]               # same received model
+    assert m_off["app_u_global"] == m_on["app_u_global"]  # same received model
     assert m_off["pseudo_label_count"] != m_on["pseudo_label_count"]
 
 
@@ -109,9 +108,17 @@ def test_wrn28_2_on_cifar10_files(tmp_path):
     from test_data import write_cifar10
 
     write_cifar10(tmp_path)
-    cfg = compose(["experiment=paper/cifar10_iid", f"dataset.path={tmp_path}",
-                   "fl.num_clients=2", "dataset.num_labeled=20", "train.local_epochs=1",
-                   "train.tau=0.1", "dataset.val_size=0"])
+    cfg = compose(
+        [
+            "experiment=paper/cifar10_iid",
+            f"dataset.path={tmp_path}",
+            "fl.num_clients=2",
+            "dataset.num_labeled=20",
+            "train.local_epochs=1",
+            "train.tau=0.1",
+            "dataset.val_size=0",
+        ]
+    )
     torch.manual_seed(0)
     model = build_model(cfg["model"], 10, 3)
     config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(with_meta(cfg))})
@@ -135,8 +142,7 @@ def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path
     a, b = (r.content["arrays"].to_torch_state_dict() for r in (sim, dep))
     assert all(torch.equal(a[k], b[k]) for k in a)
     timing = {"train_seconds": 0, "setup_seconds": 0, "reply_seconds": 0}
-    assert dict(sim.content["metrics"]) | timing == \
-        dict(dep.content["metrics"]) | timing
+    assert dict(sim.content["metrics"]) | timing == dict(dep.content["metrics"]) | timing
     # without hidden labels: training works, pseudo-label accuracy is simply not reported
     with np.load(files[1]) as z:
         np.savez(tmp_path / "nolabels.npz", **{k: z[k] for k in z.files if k != "y_unlabeled"})
@@ -149,6 +155,7 @@ def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path
 def test_optimizer_state_client_keeps_momentum_in_context_state():
     """train.optimizer_state=client: the SGD momentum of a client's last round (stored in Flower's
     context.state) seeds its next round; `fresh` stores nothing and restarts it."""
+
     def two_rounds(mode):
         cfg = with_meta(compose(TINY + [f"train.optimizer_state={mode}"]))
         torch.manual_seed(0)
@@ -160,8 +167,14 @@ def test_optimizer_state_client_keeps_momentum_in_context_state():
             arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
             replies.append(client_app(make_instruction(arrays, config), ctx))
             if r == 1:
-                stored = ({k: v.clone() for k, v in ctx.state["optimizer-1"].to_torch_state_dict().items()}
-                          if "optimizer-1" in ctx.state.array_records else None)
+                stored = (
+                    {
+                        k: v.clone()
+                        for k, v in ctx.state["optimizer-1"].to_torch_state_dict().items()
+                    }
+                    if "optimizer-1" in ctx.state.array_records
+                    else None
+                )
         return replies, stored, ctx
 
     (f1, f2), fresh_stored, fresh_ctx = two_rounds("fresh")
@@ -171,5 +184,5 @@ def test_optimizer_state_client_keeps_momentum_in_context_state():
     assert set(kept) == set(params) and all(kept[k].abs().sum() > 0 for k in kept)
     state = lambda r: r.content["arrays"].to_torch_state_dict()  # noqa: E731
     same = lambda a, b: all(torch.equal(state(a)[k], state(b)[k]) for k in state(a))  # noqa: E731
-    assert same(f1, f2) and same(f1, c1)        # identical inputs, no carried state
-    assert not same(c1, c2)                     # the carried momentum changed round 2
+    assert same(f1, f2) and same(f1, c1)  # identical inputs, no carried state
+    assert not same(c1, c2)  # the carried momentum changed round 2

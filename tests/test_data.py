@@ -19,19 +19,25 @@ def write_cifar10(root, n=20):
     base = root / "cifar-10-batches-py"
     base.mkdir(parents=True)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"batch_label": name.encode(), b"labels": [i % 10 for i in range(n)],
-                 b"data": RNG.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 b"filenames": [b"x.png"] * n}
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": [i % 10 for i in range(n)],
+            b"data": RNG.integers(0, 256, (n, 3072), dtype=np.uint8),
+            b"filenames": [b"x.png"] * n,
+        }
         with open(base / name, "wb") as f:
-            pickle.dump(batch, f, protocol=2)            # as the original Python 2 files
+            pickle.dump(batch, f, protocol=2)  # as the original Python 2 files
 
 
 def write_cifar100(root, n=200):
     base = root / "cifar-100-python"
     base.mkdir(parents=True)
     for name in ("train", "test"):
-        obj = {b"fine_labels": [i % 100 for i in range(n)], b"coarse_labels": [0] * n,
-               b"data": RNG.integers(0, 256, (n, 3072), dtype=np.uint8)}
+        obj = {
+            b"fine_labels": [i % 100 for i in range(n)],
+            b"coarse_labels": [0] * n,
+            b"data": RNG.integers(0, 256, (n, 3072), dtype=np.uint8),
+        }
         with open(base / name, "wb") as f:
             pickle.dump(obj, f, protocol=2)
 
@@ -40,8 +46,10 @@ def write_svhn(root, n=30):
     root.mkdir(parents=True, exist_ok=True)
     for split in ("train", "test"):
         y = np.array([(i % 10) or 10 for i in range(n)], dtype=np.uint8)[:, None]
-        scipy.io.savemat(root / f"{split}_32x32.mat",
-                         {"X": RNG.integers(0, 256, (32, 32, 3, n), dtype=np.uint8), "y": y})
+        scipy.io.savemat(
+            root / f"{split}_32x32.mat",
+            {"X": RNG.integers(0, 256, (32, 32, 3, n), dtype=np.uint8), "y": y},
+        )
 
 
 def test_cifar10_reader(tmp_path):
@@ -59,7 +67,7 @@ def test_cifar100_reader(tmp_path):
     write_cifar100(tmp_path)
     ds = load_dataset(_cfg("cifar100", tmp_path))
     assert ds.num_classes == 100 and ds.x_train.shape == (200, 32, 32, 3)
-    assert len(ds.mean) == 3                                     # computed when not given
+    assert len(ds.mean) == 3  # computed when not given
 
 
 def test_svhn_reader_maps_10_to_0(tmp_path):
@@ -112,9 +120,12 @@ def test_embedded_mnist10k():
 
 
 def _npz(path, **arrays):
-    base = {"x_train": RNG.integers(0, 256, (40, 8, 8), dtype=np.uint8),
-            "y_train": np.arange(40) % 4, "x_test": RNG.integers(0, 256, (8, 8, 8), dtype=np.uint8),
-            "y_test": np.arange(8) % 4}
+    base = {
+        "x_train": RNG.integers(0, 256, (40, 8, 8), dtype=np.uint8),
+        "y_train": np.arange(40) % 4,
+        "x_test": RNG.integers(0, 256, (8, 8, 8), dtype=np.uint8),
+        "y_test": np.arange(8) % 4,
+    }
     base.update(arrays)
     np.savez(path, **{k: v for k, v in base.items() if v is not None})
     return _cfg("npz", path)
@@ -125,13 +136,16 @@ def test_npz_reader(tmp_path):
     assert ds.x_train.shape == (40, 8, 8, 1) and ds.num_classes == 4
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"y_test": None}, "missing arrays \\['y_test'\\]"),
-    ({"x_train": np.zeros((40, 8, 8), np.float32)}, "must be uint8"),
-    ({"y_test": np.arange(8) % 4 + 5}, "labels outside 0..3"),
-    ({"x_train": np.zeros((40, 8, 8, 2), np.uint8)}, "C = 1 or 3"),
-    ({"y_train": np.arange(39) % 4}, "must be 40 integer labels"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"y_test": None}, "missing arrays \\['y_test'\\]"),
+        ({"x_train": np.zeros((40, 8, 8), np.float32)}, "must be uint8"),
+        ({"y_test": np.arange(8) % 4 + 5}, "labels outside 0..3"),
+        ({"x_train": np.zeros((40, 8, 8, 2), np.uint8)}, "C = 1 or 3"),
+        ({"y_train": np.arange(39) % 4}, "must be 40 integer labels"),
+    ],
+)
 def test_malformed_npz_is_rejected_clearly(tmp_path, bad, match):
     with pytest.raises(DataError, match=match):
         load_dataset(_npz(tmp_path / "d.npz", **bad))
@@ -155,7 +169,7 @@ def _digits(n, size=8, seed=0):
 def test_imagefolder_reader(tmp_path):
     from PIL import Image
 
-    names = ["cat", "dog", "emu"]                     # sorted: class ids 0, 1, 2
+    names = ["cat", "dog", "emu"]  # sorted: class ids 0, 1, 2
     for split, n in (("train", 12), ("test", 6)):
         x, y = _digits(n, seed=n)
         for i, (img, lab) in enumerate(zip(x, y)):
@@ -190,8 +204,10 @@ def test_hugging_face_dataset_saved_to_disk(tmp_path):
         x, y = _digits(n, seed=seed)
         return datasets.Dataset.from_dict(
             {"img": [Image.fromarray(i) for i in x], "label": y.tolist()},
-            features=datasets.Features({"img": datasets.Image(),
-                                        "label": datasets.ClassLabel(num_classes=3)}))
+            features=datasets.Features(
+                {"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=3)}
+            ),
+        )
 
     datasets.DatasetDict({"train": split(12, 1), "test": split(6, 2)}).save_to_disk(tmp_path / "hf")
     ds = load_dataset({"name": "hf", "path": str(tmp_path / "hf")})
@@ -208,9 +224,8 @@ def test_an_image_folder_runs_through_the_server_app(tmp_path, task_identity):
     """The project's partitioner and a whole (one-round) run on an ImageFolder dataset."""
     import json
 
-    from PIL import Image
-
     from localgrid import run_in_process
+    from PIL import Image
 
     for split, n in (("train", 60), ("test", 15)):
         x, y = _digits(n, size=12, seed=n)
@@ -219,11 +234,18 @@ def test_an_image_folder_runs_through_the_server_app(tmp_path, task_identity):
             d.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(d / f"{i}.png")
     out = tmp_path / "run"
-    run_in_process({"method": "fixmatch", "dataset": "imagefolder",
-                    "data-path": str(tmp_path / "imgs"), "num-server-rounds": 1,
-                    "output-dir": str(out),
-                    "overrides": "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=30 "
-                                 "fl.node_wait=0 train.local_epochs=1"}, 3)
+    run_in_process(
+        {
+            "method": "fixmatch",
+            "dataset": "imagefolder",
+            "data-path": str(tmp_path / "imgs"),
+            "num-server-rounds": 1,
+            "output-dir": str(out),
+            "overrides": "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=30 "
+            "fl.node_wait=0 train.local_epochs=1",
+        },
+        3,
+    )
     rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rounds) == 1 and len(rounds[0]["clients"]) == 3
     part = json.loads((out / "partition.json").read_text())

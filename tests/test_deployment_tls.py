@@ -9,21 +9,39 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import flower_pids
 from localgrid import metrics_without_timing, run_in_process
+
 from feddb.deploy import LocalDeployment, make_keys
 
 PROJECT = Path(__file__).resolve().parents[1]
-TINY = ("fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
-        "train.tau=0.6 fl.node_wait=30")
+TINY = (
+    "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
+    "train.tau=0.6 fl.node_wait=30"
+)
 
 
 def deploy(tmp_path, run_config, *extra, timeout=420):
-    return subprocess.run([sys.executable, "-m", "feddb.deploy", "local", "--nodes", "3",
-                           "--workdir", str(tmp_path / "w"), "--run-config", run_config, *extra],
-                          cwd=PROJECT, text=True, capture_output=True, timeout=timeout,
-                          env=dict(os.environ))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feddb.deploy",
+            "local",
+            "--nodes",
+            "3",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--run-config",
+            run_config,
+            *extra,
+        ],
+        cwd=PROJECT,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
 
 
 @pytest.mark.slow
@@ -32,8 +50,8 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
     res = deploy(tmp_path, f"num-server-rounds=1 seed=2 output-dir='{out}' overrides='{TINY}'")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout
-    logs = (tmp_path / "w" / "logs")
-    assert "--enable-supernode-auth" not in res.stdout            # sanity: logs are in files
+    logs = tmp_path / "w" / "logs"
+    assert "--enable-supernode-auth" not in res.stdout  # sanity: logs are in files
     assert (tmp_path / "w" / "certs" / "ca.crt").is_file()
     assert len(list((tmp_path / "w" / "keys").glob("*.pub"))) == 3
     assert sorted(p.name for p in logs.iterdir())[:1] == ["superlink.log"]
@@ -43,15 +61,26 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
     # on SuperNodes every defence runs by default (server.robust.scope=deployment): the norm
     # bound, the agreement filter, the loss check and the DMA cap
     assert all(None not in r["robust"]["loss_impact"] for r in deployed)
-    assert all(r["robust"]["clip"] == 4.0 and "norm_bound" in r["robust"] and
-               len(r["robust"]["cosines"]) == 3 for r in deployed)
-    saved = (out / "config.yaml").read_text()          # round 1 is a warm-up round: no DMA yet
+    assert all(
+        r["robust"]["clip"] == 4.0
+        and "norm_bound" in r["robust"]
+        and len(r["robust"]["cosines"]) == 3
+        for r in deployed
+    )
+    saved = (out / "config.yaml").read_text()  # round 1 is a warm-up round: no DMA yet
     assert "cap: 2.0" in saved and "scope: deployment" in saved
     assert "runs the methods as published" not in res.stdout
     # the same configuration in simulation, the defences in scope there too: the same metrics
     sim = tmp_path / "sim"
-    run_in_process({"num-server-rounds": 1, "seed": 2, "output-dir": str(sim),
-                    "overrides": f"{TINY} server.robust.scope=always"}, 3)
+    run_in_process(
+        {
+            "num-server-rounds": 1,
+            "seed": 2,
+            "output-dir": str(sim),
+            "overrides": f"{TINY} server.robust.scope=always",
+        },
+        3,
+    )
     assert metrics_without_timing(sim) == deployed
     assert not flower_pids(tmp_path / "w")
 
@@ -63,8 +92,13 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
     from feddb.deploy import export_data
 
     out = tmp_path / "run"
-    rc = {"method": "feddb", "num-server-rounds": 1, "seed": 2, "output-dir": str(out),
-          "overrides": TINY}
+    rc = {
+        "method": "feddb",
+        "num-server-rounds": 1,
+        "seed": 2,
+        "output-dir": str(out),
+        "overrides": TINY,
+    }
     files = export_data(rc, tmp_path / "w" / "data")
     dep = LocalDeployment(tmp_path / "w")
     try:
@@ -81,7 +115,7 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
         dep.close()
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 1
-    for r in recs:                 # replies sorted by partition: index 0 is the attacker
+    for r in recs:  # replies sorted by partition: index 0 is the attacker
         assert r["robust"]["clipped"] == [0] and len(r["clients"]) == 3
         norms = r["robust"]["update_norms"]
         assert norms[0] > 100 * max(norms[1:])
@@ -99,12 +133,14 @@ def test_supernode_with_unregistered_key_is_refused(tmp_path):
         ok = dep.start_supernode(0, 2, None, good)
         refused = dep.start_supernode(1, 2, None, bad)
         assert refused.wait(timeout=90) != 0
-        assert ok.poll() is None                                   # the registered one stays
+        assert ok.poll() is None  # the registered one stays
         node_log = (dep.logs / "supernode_1.log").read_text()
         assert "Failed to activate SuperNode" in node_log
         time.sleep(1)
-        assert "Attempted to register SuperNode with public key" in \
-            (dep.logs / "superlink.log").read_text()
+        assert (
+            "Attempted to register SuperNode with public key"
+            in (dep.logs / "superlink.log").read_text()
+        )
     finally:
         dep.close()
     assert not flower_pids(tmp_path / "w")
@@ -116,8 +152,12 @@ def test_killed_supernode_does_not_end_the_run(tmp_path):
     # killed once round 1 is recorded (a fixed delay raced the run: on a fast machine both rounds
     # had ended first); round 2's instructions may already be out, so it may still answer those;
     # 30 s: round 1 includes each SuperNode's cold start (20 s timed out under load once)
-    res = deploy(tmp_path, f"num-server-rounds=3 seed=2 output-dir='{out}' "
-                           f"overrides='{TINY} fl.round_timeout=30'", "--kill-node-after-round", "1")
+    res = deploy(
+        tmp_path,
+        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=30'",
+        "--kill-node-after-round",
+        "1",
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "killed SuperNode 0" in res.stdout and "finished:completed" in res.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -140,30 +180,74 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
         port = s.getsockname()[1]
     address = f"127.0.0.1:{port}"
     try:
-        subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "1",
-                        "--include-dashboard=false", "--disable-usage-stats"], env=env,
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run([ray, "start", "--address", address, "--num-cpus", "1"], env=env,
-                       check=True, capture_output=True, timeout=120)
-        nodes = subprocess.run([sys.executable, "-c", "import ray; ray.init(address='" + address
-                                + "', logging_level='ERROR'); print(len(ray.nodes()))"],
-                               env=env, capture_output=True, text=True, timeout=120)
+        subprocess.run(
+            [
+                ray,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--num-cpus",
+                "1",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [ray, "start", "--address", address, "--num-cpus", "1"],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        nodes = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray; ray.init(address='"
+                + address
+                + "', logging_level='ERROR'); print(len(ray.nodes()))",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert nodes.stdout.strip().endswith("2"), nodes.stderr[-2000:]
         out = tmp_path / "run"
         res = subprocess.run(
-            [sys.executable, "-m", "feddb.launch", "--ray-address", address, "--run-config",
-             f"num-server-rounds=1 output-dir='{out}' overrides='fl.num_clients=4 "
-             "fl.fraction_train=1.0 dataset.num_labeled=200 train.local_epochs=1 fl.node_wait=5'"],
-            cwd=PROJECT, env=env, text=True, capture_output=True, timeout=400)
+            [
+                sys.executable,
+                "-m",
+                "feddb.launch",
+                "--ray-address",
+                address,
+                "--run-config",
+                f"num-server-rounds=1 output-dir='{out}' overrides='fl.num_clients=4 "
+                "fl.fraction_train=1.0 dataset.num_labeled=200 train.local_epochs=1 fl.node_wait=5'",
+            ],
+            cwd=PROJECT,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=400,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert len(json.loads((out / "metrics.jsonl").read_text())["clients"]) == 4
         # the cluster's actor table: Flower's client actors ran there, on both nodes
-        probe = ("import json, ray; ray.init(address='" + address + "', logging_level='ERROR');"
-                 "a = ray._private.state.actors().values();"
-                 "print(json.dumps(sorted({x['Address']['NodeID'] for x in a "
-                 "if x['ActorClassName'] == 'ClientAppActor'})))")
-        actors = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                                text=True, timeout=120)
+        probe = (
+            "import json, ray; ray.init(address='" + address + "', logging_level='ERROR');"
+            "a = ray._private.state.actors().values();"
+            "print(json.dumps(sorted({x['Address']['NodeID'] for x in a "
+            "if x['ActorClassName'] == 'ClientAppActor'})))"
+        )
+        actors = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
         assert len(json.loads(actors.stdout.strip().splitlines()[-1])) == 2, actors.stderr[-2000:]
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)

@@ -43,7 +43,7 @@ def test_literal_mode_matches_algorithm_1_and_stays_near_uniform():
     p = skewed_app_u(seed=3)
     res = dma_weights(p, "literal", steps=100, lr=1.0)
     assert np.allclose(res.weights, algorithm1(p, 100, 1.0), atol=1e-12)
-    assert res.weights.max() / res.weights.min() < 1.5        # softmax of probabilities
+    assert res.weights.max() / res.weights.min() < 1.5  # softmax of probabilities
     soft = dma_weights(p, "softmax")
     assert soft.loss < res.loss
 
@@ -51,12 +51,12 @@ def test_literal_mode_matches_algorithm_1_and_stays_near_uniform():
 def test_exact_mode_is_the_simplex_optimum():
     p = np.array([[0.9, 0.1], [0.5, 0.5], [0.2, 0.8]])
     res = dma_weights(p, "exact")
-    assert res.loss == pytest.approx(0.0, abs=1e-6)           # e.g. mix of clients 0 and 2
+    assert res.loss == pytest.approx(0.0, abs=1e-6)  # e.g. mix of clients 0 and 2
     q = skewed_app_u(seed=1)
     exact, soft = dma_weights(q, "exact"), dma_weights(q, "softmax")
     assert exact.loss <= soft.loss + 1e-9
     rng = np.random.default_rng(0)
-    for _ in range(200):                                       # no random feasible point is better
+    for _ in range(200):  # no random feasible point is better
         w = rng.dirichlet(np.ones(10))
         assert dma_loss(w, q) >= exact.loss - 1e-9
 
@@ -91,7 +91,7 @@ def test_the_cap_bounds_every_weight_in_every_mode(mode, seed):
     res = dma_weights(p, mode, cap=2.0)
     assert res.weights.max() <= 2.0 / 5 + 1e-9
     assert res.weights.min() >= 0 and res.weights.sum() == pytest.approx(1)
-    if mode != "literal":                      # literal stays near uniform: the cap never binds
+    if mode != "literal":  # literal stays near uniform: the cap never binds
         assert res.at_cap == 1 and res.weights[-1] == pytest.approx(0.4)
 
 
@@ -99,7 +99,7 @@ def test_capped_exact_is_the_optimum_over_the_capped_simplex():
     p = uniform_reporter_among_honest(1)
     res = dma_weights(p, "exact", cap=2.0)
     rng = np.random.default_rng(0)
-    for _ in range(300):                       # no random feasible point does better
+    for _ in range(300):  # no random feasible point does better
         w = rng.dirichlet(np.ones(5))
         if w.max() <= 0.4:
             assert res.loss <= dma_loss(w, p) + 1e-9
@@ -158,4 +158,4 @@ def test_the_written_out_gradient_is_torchs_autograd(cap):
         assert np.allclose(got_beta, beta.detach().numpy(), rtol=0, atol=1e-14)
         assert got_loss == pytest.approx(loss.item(), rel=1e-13)
         assert np.allclose(got_grad, t.grad.numpy(), rtol=1e-10, atol=1e-15)
-    assert cap is None or capped > 5                 # the cap's branch was exercised
+    assert cap is None or capped > 5  # the cap's branch was exercised

@@ -29,19 +29,34 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fssl", "client_app", "server_app", "strategy", "feddb")
 # First components that make a token a repository path. Fixed, not read from the tree, so that a
 # reference to a directory that has gone (scripts/, notes/) is still seen as one.
-ROOTS = ("docs", "conf", "tests", "scripts", "notes", "fssl", "client_app", "server_app",
-         "strategy", "feddb", ".ci")
+ROOTS = (
+    "docs",
+    "conf",
+    "tests",
+    "scripts",
+    "notes",
+    "fssl",
+    "client_app",
+    "server_app",
+    "strategy",
+    "feddb",
+    ".ci",
+)
 README_LIMIT = 8192
 
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+|\bmailto:\S+|\bwww\.\S+", re.I)
 PATH = re.compile(
-    r"(?<![\w./~$@{<>=:-])"                     # not inside a longer path, a URL or a variable
+    r"(?<![\w./~$@{<>=:-])"  # not inside a longer path, a URL or a variable
     r"(?P<path>(?:" + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./-]*)"
     r"(?P<test>::\w+)?"
-    r"(?P<next>.?)")
+    r"(?P<next>.?)"
+)
 # `=` may precede a path (PYTHONPATH=docs/examples, sweep=...) but only after a KEY of capitals
-ASSIGNED = re.compile(r"(?<![\w./~$@{<>-])[A-Z_][A-Z0-9_]*=(?P<path>(?:"
-                      + "|".join(re.escape(r) for r in ROOTS) + r")/[\w./-]*)")
+ASSIGNED = re.compile(
+    r"(?<![\w./~$@{<>-])[A-Z_][A-Z0-9_]*=(?P<path>(?:"
+    + "|".join(re.escape(r) for r in ROOTS)
+    + r")/[\w./-]*)"
+)
 TOP_DOC = re.compile(r"(?<![\w./~$@-])(?P<path>[A-Z][A-Z0-9_-]*\.md)\b")
 MODULE = re.compile(r"\bpython[\d.]*\s+-m\s+(?P<module>[A-Za-z_][\w.]*)")
 LINK = re.compile(r"!?\[[^\]\n]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -64,7 +79,7 @@ def _yaml_comments(path: Path) -> str:
             elif ch in "'\"":
                 quote = ch
             elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-                lines.append(line[i + 1:])
+                lines.append(line[i + 1 :])
                 break
         else:
             lines.append("")
@@ -89,8 +104,12 @@ def _sources(group: str) -> list[tuple[Path, str]]:
     if group == "conf":
         return [(p, _yaml_comments(p)) for p in sorted((ROOT / "conf").rglob("*.yaml"))]
     if group == "python":
-        return [(p, _python_strings(p)) for pkg in PACKAGES
-                for p in sorted((ROOT / pkg).rglob("*.py")) if "__pycache__" not in p.parts]
+        return [
+            (p, _python_strings(p))
+            for pkg in PACKAGES
+            for p in sorted((ROOT / pkg).rglob("*.py"))
+            if "__pycache__" not in p.parts
+        ]
     raise ValueError(group)
 
 
@@ -101,12 +120,16 @@ def _exists(rel: str) -> bool:
 def _repo_module(module: str) -> bool | None:
     """True/False for a module of this repository, None for one from elsewhere."""
     parts = module.split(".")
-    if not ((ROOT / parts[0]).is_dir() or (ROOT / f"{parts[0]}.py").is_file()
-            or parts[0] in PACKAGES):
+    if not (
+        (ROOT / parts[0]).is_dir() or (ROOT / f"{parts[0]}.py").is_file() or parts[0] in PACKAGES
+    ):
         return None
     base = ROOT.joinpath(*parts)
-    return (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
-            or (base / "__main__.py").is_file())
+    return (
+        base.with_suffix(".py").is_file()
+        or (base / "__init__.py").is_file()
+        or (base / "__main__.py").is_file()
+    )
 
 
 def _slug(heading: str) -> str:
@@ -144,9 +167,13 @@ def missing_references(group: str) -> list[str]:
             if group == "python":
                 where = f"{rel_file} (a string literal)"
             clean = URL.sub(" ", line)
-            found = [(m.group("path"), m.group("test"), m.group("next"), m.start())
-                     for m in PATH.finditer(clean)]
-            found += [(m.group("path"), None, "", m.start("path")) for m in ASSIGNED.finditer(clean)]
+            found = [
+                (m.group("path"), m.group("test"), m.group("next"), m.start())
+                for m in PATH.finditer(clean)
+            ]
+            found += [
+                (m.group("path"), None, "", m.start("path")) for m in ASSIGNED.finditer(clean)
+            ]
             for ref, test, nxt, start in found:
                 ref = ref.rstrip(".")
                 if nxt in PLACEHOLDER_NEXT or ref.endswith("/...") or "..." in ref:
@@ -181,7 +208,7 @@ def missing_references(group: str) -> list[str]:
                         missing.append(f"{where}: link {target} (no such file)")
                     elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                         missing.append(f"{where}: link {target} (no such heading)")
-            if path.suffix == ".md":   # same-page anchors
+            if path.suffix == ".md":  # same-page anchors
                 for m in re.finditer(r"\]\(#(?P<anchor>[^)\s]+)\)", line):
                     if m.group("anchor") not in _anchors(path):
                         missing.append(f"{where}: link #{m.group('anchor')} (no such heading)")
@@ -191,24 +218,33 @@ def missing_references(group: str) -> list[str]:
 @pytest.mark.parametrize("group", ["README.md", "docs", "conf", "python"])
 def test_every_named_path_and_module_exists(group):
     missing = missing_references(group)
-    assert not missing, (f"{len(missing)} reference(s) in {group} to paths or modules that do not "
-                         "exist in the repository:\n  " + "\n  ".join(missing))
+    assert not missing, (
+        f"{len(missing)} reference(s) in {group} to paths or modules that do not "
+        "exist in the repository:\n  " + "\n  ".join(missing)
+    )
 
 
 def test_readme_is_at_most_8_kib():
     size = (ROOT / "README.md").stat().st_size
-    assert size <= README_LIMIT, (f"README.md is {size} bytes, over {README_LIMIT}: move detail "
-                                  "into the docs/ page it belongs to")
+    assert size <= README_LIMIT, (
+        f"README.md is {size} bytes, over {README_LIMIT}: move detail "
+        "into the docs/ page it belongs to"
+    )
 
 
 def test_the_scanner_sees_what_it_should():
     """The patterns catch a missing path, module and link, and leave placeholders alone."""
-    line = ("see docs/nope.md, `python -m server_app.nope`, [x](nope.md), "
-            "runs/<name>/x, /tmp/docs/a, $PWD/docs/b, docs/*.json, --out docs/new, "
-            "http://example.com/docs/c.md, SPEC_NOPE.md")
-    assert [m.group("path") for m in PATH.finditer(URL.sub(" ", line))
-            if m.group("next") not in PLACEHOLDER_NEXT] == ["docs/nope.md", "docs/new"]
-    assert OUTPUT_ARG.search(line[:line.index("docs/new")])
+    line = (
+        "see docs/nope.md, `python -m server_app.nope`, [x](nope.md), "
+        "runs/<name>/x, /tmp/docs/a, $PWD/docs/b, docs/*.json, --out docs/new, "
+        "http://example.com/docs/c.md, SPEC_NOPE.md"
+    )
+    assert [
+        m.group("path")
+        for m in PATH.finditer(URL.sub(" ", line))
+        if m.group("next") not in PLACEHOLDER_NEXT
+    ] == ["docs/nope.md", "docs/new"]
+    assert OUTPUT_ARG.search(line[: line.index("docs/new")])
     assert [m.group("module") for m in MODULE.finditer(line)] == ["server_app.nope"]
     assert _repo_module("server_app.nope") is False and _repo_module("fssl.config") is True
     assert [m.group("target") for m in LINK.finditer(line)] == ["nope.md"]

@@ -7,31 +7,40 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import make_metadata, patch_task_identity
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from localgrid import metrics_without_timing, run_in_process
 
 from client_app.app import app as client_app
 from fssl import checkpoint
 from fssl.config import ConfigError
 from server_app.config import resolve
-from conftest import make_metadata, patch_task_identity
-from localgrid import metrics_without_timing, run_in_process
 
 ROUNDS = 4
-OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
-             "train.tau=0.6 fl.node_wait=0 checkpoint.every=2 train.warmup_rounds=0")
+OVERRIDES = (
+    "fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
+    "train.tau=0.6 fl.node_wait=0 checkpoint.every=2 train.warmup_rounds=0"
+)
 
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
-def run_server(run_dir, data, hook=None, resume=False, overrides=OVERRIDES, fraction=None,
-               app=None):
+def run_server(
+    run_dir, data, hook=None, resume=False, overrides=OVERRIDES, fraction=None, app=None
+):
     if resume:
         rc = {"resume": str(run_dir)}
     else:
         extra = f" fl.fraction_train={fraction}" if fraction else ""
-        rc = {"dataset": "npz", "data-path": str(data), "num-server-rounds": ROUNDS, "seed": 4,
-              "output-dir": str(run_dir), "overrides": overrides + extra}
+        rc = {
+            "dataset": "npz",
+            "data-path": str(data),
+            "num-server-rounds": ROUNDS,
+            "seed": 4,
+            "output-dir": str(run_dir),
+            "overrides": overrides + extra,
+        }
     run_in_process(rc, 6, hook, app)
     return run_dir
 
@@ -62,9 +71,18 @@ def test_overlapped_rounds_give_the_same_run(baseline, small_npz, tmp_path):
     """Round t + 1's instructions go out before round t is evaluated and checkpointed when the
     grid queues them (as a SuperLink does): the run is the same, bit for bit."""
     run_dir = tmp_path / "overlap"
-    run_in_process({"dataset": "npz", "data-path": str(small_npz), "num-server-rounds": ROUNDS,
-                    "seed": 4, "output-dir": str(run_dir), "overrides": OVERRIDES}, 6,
-                   overlap=True)
+    run_in_process(
+        {
+            "dataset": "npz",
+            "data-path": str(small_npz),
+            "num-server-rounds": ROUNDS,
+            "seed": 4,
+            "output-dir": str(run_dir),
+            "overrides": OVERRIDES,
+        },
+        6,
+        overlap=True,
+    )
     assert records(run_dir) == records(baseline)
     timing = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["timing"]
     assert {"configure", "communicate", "aggregate", "evaluate"} <= set(timing)
@@ -73,8 +91,9 @@ def test_overlapped_rounds_give_the_same_run(baseline, small_npz, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_an_evaluation_cadence_records_every_round_and_trains_the_same_run(baseline, small_npz,
-                                                                           tmp_path):
+def test_an_evaluation_cadence_records_every_round_and_trains_the_same_run(
+    baseline, small_npz, tmp_path
+):
     """eval.every=3: rounds 3 and 4 (the last) are evaluated, 1 and 2 recorded without
     accuracies; training, the final model and the summary's figures of those rounds unchanged."""
     run_dir = run_server(tmp_path / "every3", small_npz, overrides=OVERRIDES + " eval.every=3")
@@ -84,9 +103,14 @@ def test_an_evaluation_cadence_records_every_round_and_trains_the_same_run(basel
     assert all(r["test_accuracy"] is None and r["class_accuracy"] is None for r in got[:2])
     for r, b in zip(got[2:], base[2:]):
         assert r["test_accuracy"] == b["test_accuracy"] and r["val_accuracy"] == b["val_accuracy"]
-    no_js = lambda recs: [[{k: v for k, v in c.items() if not k.startswith("js_")}  # noqa: E731
-                           for c in r["clients"]] for r in recs]
-    assert no_js(got) == no_js(base)            # JS needs the last round's class accuracy
+    no_js = lambda recs: [
+        [
+            {k: v for k, v in c.items() if not k.startswith("js_")}  # noqa: E731
+            for c in r["clients"]
+        ]
+        for r in recs
+    ]
+    assert no_js(got) == no_js(base)  # JS needs the last round's class accuracy
     assert got[0]["clients"] == base[0]["clients"] and got[2]["js_divergence"] is None
     a = torch.load(run_dir / "final_model.pt", weights_only=True)
     b = torch.load(baseline / "final_model.pt", weights_only=True)
@@ -94,7 +118,7 @@ def test_an_evaluation_cadence_records_every_round_and_trains_the_same_run(basel
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == ROUNDS and summary["evaluated_rounds"] == 2
     assert summary["final_test_accuracy"] == base[-1]["test_accuracy"]
-    assert summary["best_round"] in (3, 4)      # the best of the rounds evaluated
+    assert summary["best_round"] in (3, 4)  # the best of the rounds evaluated
     assert [s for s, _ in tensorboard_scalars(run_dir, "test/accuracy")] == [3, 4]
 
 
@@ -102,18 +126,29 @@ def test_fewer_nodes_than_clients_give_the_same_run(baseline, small_npz, tmp_pat
     """Two nodes for six clients (Flower's default simulation): each instruction names its
     partition, a node trains whichever it is sent, and the run is the one-node-per-client run."""
     run_dir = tmp_path / "two"
-    run_in_process({"dataset": "npz", "data-path": str(small_npz), "num-server-rounds": ROUNDS,
-                    "seed": 4, "output-dir": str(run_dir), "overrides": OVERRIDES}, 2)
+    run_in_process(
+        {
+            "dataset": "npz",
+            "data-path": str(small_npz),
+            "num-server-rounds": ROUNDS,
+            "seed": 4,
+            "output-dir": str(run_dir),
+            "overrides": OVERRIDES,
+        },
+        2,
+    )
     assert records(run_dir) == records(baseline)
 
 
 def test_a_node_with_its_own_data_trains_no_other_partition(task_identity):
-    from client_app.app import partition_of
     from conftest import make_context
 
+    from client_app.app import partition_of
+
     ctx = make_context(pid=1)
-    msg = Message(RecordDict({"config": ConfigRecord({"partition-id": 3})}),
-                  metadata=make_metadata())
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"partition-id": 3})}), metadata=make_metadata()
+    )
     assert partition_of(msg, ctx, own_data=False) == 3
     with pytest.raises(ValueError, match="holds only partition 1's data"):
         partition_of(msg, ctx, own_data=True)
@@ -130,7 +165,7 @@ def crash_in_round_4_then_resume(run_dir, data, overrides=OVERRIDES):
 
     with pytest.raises(Crash):
         run_server(run_dir, data, hook=crash_in_round_4, overrides=overrides)
-    assert len(records(run_dir)) == 3                       # round 3 written, checkpoint at 2
+    assert len(records(run_dir)) == 3  # round 3 written, checkpoint at 2
     _, state = checkpoint.load(run_dir)
     assert state["round"] == 2
     run_server(run_dir, data, resume=True)
@@ -179,8 +214,12 @@ def _corrupt(ins, reply, kind):
         arrays[first] = np.full_like(arrays[first], np.nan)
     else:
         metrics["app_u"] = [0.5, 0.5]
-    rec = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-                      "metrics": MetricRecord(metrics)})
+    rec = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "metrics": MetricRecord(metrics),
+        }
+    )
     return Message(content=rec, reply_to=ins)
 
 
@@ -189,8 +228,12 @@ def test_malformed_replies_are_excluded_reported_and_cost_only_those_clients(sma
 
     def faulty(ins, ctx, reply):
         pid = ctx.node_config["partition-id"]
-        if round_of(ins) in (1, 2) and pid in bad and not reply.has_error() \
-                and "arrays" in reply.content:
+        if (
+            round_of(ins) in (1, 2)
+            and pid in bad
+            and not reply.has_error()
+            and "arrays" in reply.content
+        ):
             return _corrupt(ins, reply, bad[pid])
         return reply
 
@@ -238,8 +281,10 @@ def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_
 
 
 def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
-    arrays = {"global": {"w": np.arange(3, dtype=np.float32), "n": np.array(4)},
-              "strategy.momentum": {"w": np.ones(3)}}
+    arrays = {
+        "global": {"w": np.arange(3, dtype=np.float32), "n": np.array(4)},
+        "strategy.momentum": {"w": np.ones(3)},
+    }
     checkpoint.save(tmp_path, arrays, {"round": 7, "x": [1, 2]})
     got, state = checkpoint.load(tmp_path)
     assert state["round"] == 7 and state["x"] == [1, 2]
@@ -263,8 +308,14 @@ def test_resume_input_errors(tmp_path):
         resolve({"resume": str(tmp_path), "seed": 3})
 
 
-@pytest.mark.parametrize("variant", ["method=fedrgd dpl=true", "method=semifl dpl=true dma.enabled=true",
-                                     "method=fedmatch dpl=true method.helper_interval=2"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "method=fedrgd dpl=true",
+        "method=semifl dpl=true dma.enabled=true",
+        "method=fedmatch dpl=true method.helper_interval=2",
+    ],
+)
 def test_every_baseline_runs_through_the_server_app(variant, small_npz, tmp_path):
     run_dir = run_server(tmp_path / "run", small_npz, overrides=f"{OVERRIDES} {variant}")
     recs = records(run_dir)
@@ -288,25 +339,38 @@ def test_flower_strategy_state_survives_a_crash_and_resume(small_npz, tmp_path):
     assert records(resumed) == records(base)
 
 
-def test_an_honest_simulation_with_the_defaults_runs_the_method_as_published(small_npz, tmp_path,
-                                                                           capsys):
+def test_an_honest_simulation_with_the_defaults_runs_the_method_as_published(
+    small_npz, tmp_path, capsys
+):
     """No defence acts in a simulation (server.robust.scope=deployment): nothing clipped or
     dropped, DMA unbounded, one line says so and how to turn them on; the run records it."""
-    run = run_server(tmp_path / "run", small_npz,
-                     overrides=OVERRIDES.replace("checkpoint.every=2", "checkpoint.every=0"))
+    run = run_server(
+        tmp_path / "run",
+        small_npz,
+        overrides=OVERRIDES.replace("checkpoint.every=2", "checkpoint.every=0"),
+    )
     out = capsys.readouterr().out
     assert out.count("a simulation runs the methods as published") == 1
     assert "server.robust.scope=always turns them on here" in out
     rounds = records(run)
-    assert all(r["robust"] == {"rule": "mean", "clip": None} and r["dma"]["cap"] is None
-               and r["dma"]["at_cap"] == 0 for r in rounds)
+    assert all(
+        r["robust"] == {"rule": "mean", "clip": None}
+        and r["dma"]["cap"] is None
+        and r["dma"]["at_cap"] == 0
+        for r in rounds
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["defence_rounds"].values()) == {0}
     saved = (run / "config.yaml").read_text()
-    assert "cap: null" in saved and "scope: deployment" in saved      # what ran, as it ran
+    assert "cap: null" in saved and "scope: deployment" in saved  # what ran, as it ran
     # the same federation with a deployment's defences: they act (here the norm bound measures
     # every update and the agreement filter every cosine)
-    guarded = records(run_server(tmp_path / "guarded", small_npz,
-                                 overrides=OVERRIDES + " server.robust.scope=always"))
-    assert all(r["robust"]["clip"] == 4.0 and len(r["robust"]["cosines"]) == 3
-               and r["dma"]["cap"] == 2.0 for r in guarded)
+    guarded = records(
+        run_server(
+            tmp_path / "guarded", small_npz, overrides=OVERRIDES + " server.robust.scope=always"
+        )
+    )
+    assert all(
+        r["robust"]["clip"] == 4.0 and len(r["robust"]["cosines"]) == 3 and r["dma"]["cap"] == 2.0
+        for r in guarded
+    )

@@ -6,21 +6,23 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.serverapp.strategy import FedAvg, Strategy
-
 from conftest import TINY, make_reply
+from flwr.serverapp.strategy import FedAvg, Strategy
+from localgrid import run_in_process
+
 from fssl.config import ConfigError
-from server_app.config import compose
 from fssl.dma import dma_weights
 from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for
-from localgrid import run_in_process
+from server_app.config import compose
 from strategy import make_strategy
 from strategy.flower import FLOWER, FlowerStrategy
 
 K = 3
-OVERRIDES = ("fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=1 "
-             "train.tau=0.6 fl.node_wait=0 checkpoint.every=0 train.warmup_rounds=0")
+OVERRIDES = (
+    "fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=1 "
+    "train.tau=0.6 fl.node_wait=0 checkpoint.every=0 train.warmup_rounds=0"
+)
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -36,17 +38,23 @@ class RecordingStrategy(FedAvg):
         self.tag = tag
 
     def configure_train(self, server_round, arrays, config, grid):
-        config["my-key"] = 7                     # reaches the clients' instructions
+        config["my-key"] = 7  # reaches the clients' instructions
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
-        RecordingStrategy.seen.append({
-            "round": server_round, "tag": self.tag,
-            "metrics": sorted(next(iter(r.content.metric_records.values())).keys()
-                              for r in replies)[0],
-            "weights": [next(iter(r.content.metric_records.values()))["num-examples"]
-                        for r in replies]})
+        RecordingStrategy.seen.append(
+            {
+                "round": server_round,
+                "tag": self.tag,
+                "metrics": sorted(
+                    next(iter(r.content.metric_records.values())).keys() for r in replies
+                )[0],
+                "weights": [
+                    next(iter(r.content.metric_records.values()))["num-examples"] for r in replies
+                ],
+            }
+        )
         return super().aggregate_train(server_round, replies)
 
 
@@ -55,8 +63,15 @@ class Incomplete(Strategy):
 
 
 def _rc(out, strategy, method="fixmatch", extra=""):
-    return {"dataset": "npz", "method": method, "strategy": strategy, "num-server-rounds": 2,
-            "seed": 1, "output-dir": str(out), "overrides": OVERRIDES + extra}
+    return {
+        "dataset": "npz",
+        "method": method,
+        "strategy": strategy,
+        "num-server-rounds": 2,
+        "seed": 1,
+        "output-dir": str(out),
+        "overrides": OVERRIDES + extra,
+    }
 
 
 def _records(run_dir):
@@ -84,26 +99,36 @@ def test_custom_strategy_by_import_path(small_npz, tmp_path):
             sent.append(dict(ins.content["config"]))
         return reply
 
-    rc = _rc(tmp_path / "mine", "custom", "feddb",
-             " strategy.target=test_flower_and_user_strategies:RecordingStrategy +strategy.params.tag=t1")
+    rc = _rc(
+        tmp_path / "mine",
+        "custom",
+        "feddb",
+        " strategy.target=test_flower_and_user_strategies:RecordingStrategy +strategy.params.tag=t1",
+    )
     run_in_process(rc | {"data-path": str(small_npz)}, 6, hook)
     assert [s["round"] for s in RecordingStrategy.seen] == [1, 2]
     assert all(s["tag"] == "t1" for s in RecordingStrategy.seen)
     assert {"num-examples", "app_u", "train_loss", "num_labeled", "partition_id"} <= set(
-        RecordingStrategy.seen[0]["metrics"])
+        RecordingStrategy.seen[0]["metrics"]
+    )
     # FedDB: the weights handed over are DMA's, the ones recorded for the round
     last = _records(tmp_path / "mine")[-1]
-    assert np.allclose(RecordingStrategy.seen[-1]["weights"],
-                       [c["weight"] for c in last["clients"]])
+    assert np.allclose(
+        RecordingStrategy.seen[-1]["weights"], [c["weight"] for c in last["clients"]]
+    )
     assert sent and all(c.get("my-key") == 7 for c in sent)
 
 
-@pytest.mark.parametrize("target,match", [
-    ("nowhere.module:Cls", "cannot import module 'nowhere.module'"),
-    ("test_flower_and_user_strategies:Missing", "has no 'Missing'"),
-    ("json:JSONDecoder", "not a subclass of flwr.serverapp.strategy.Strategy"),
-    ("test_flower_and_user_strategies:Incomplete", "does not implement"),
-    ("", "not an import path")])
+@pytest.mark.parametrize(
+    "target,match",
+    [
+        ("nowhere.module:Cls", "cannot import module 'nowhere.module'"),
+        ("test_flower_and_user_strategies:Missing", "has no 'Missing'"),
+        ("json:JSONDecoder", "not a subclass of flwr.serverapp.strategy.Strategy"),
+        ("test_flower_and_user_strategies:Incomplete", "does not implement"),
+        ("", "not an import path"),
+    ],
+)
 def test_bad_custom_strategy_is_refused_before_the_run(target, match):
     with pytest.raises(ConfigError, match=match):
         compose(["strategy=custom", f"strategy.target='{target}'"])
@@ -117,15 +142,26 @@ def test_methods_with_their_own_strategy_refuse_another():
 
 
 def _global():
-    return {"w": np.array([1.0, 2.0], np.float32), "bn.running_mean": np.zeros(2, np.float32),
-            "bn.num_batches_tracked": np.array(0, np.int64)}
+    return {
+        "w": np.array([1.0, 2.0], np.float32),
+        "bn.running_mean": np.zeros(2, np.float32),
+        "bn.num_batches_tracked": np.array(0, np.int64),
+    }
 
 
 def _reply(pid, w, app_u, node):
-    arrays = {"w": np.array(w, np.float32), "bn.running_mean": np.full(2, float(pid), np.float32),
-              "bn.num_batches_tracked": np.array(3, np.int64)}
-    metrics = {"partition_id": pid, "num_labeled": 10, "num_unlabeled": 90, "train_loss": 1.0,
-               "app_u": list(map(float, app_u))}
+    arrays = {
+        "w": np.array(w, np.float32),
+        "bn.running_mean": np.full(2, float(pid), np.float32),
+        "bn.num_batches_tracked": np.array(3, np.int64),
+    }
+    metrics = {
+        "partition_id": pid,
+        "num_labeled": 10,
+        "num_unlabeled": 90,
+        "train_loss": 1.0,
+        "app_u": list(map(float, app_u)),
+    }
     return make_reply(arrays, metrics, node)
 
 
@@ -141,15 +177,24 @@ def _aggregate(s, replies, server_round=1):
 
 
 def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
-    base = ["fl.num_clients=4", "fl.fraction_train=1.0", "method=feddb", "server.robust.clip=null",
-            "train.warmup_rounds=0"]
+    base = [
+        "fl.num_clients=4",
+        "fl.fraction_train=1.0",
+        "method=feddb",
+        "server.robust.clip=null",
+        "train.warmup_rounds=0",
+    ]
     replies = [_reply(i, [float(i), 0.0], a, 20 + i) for i, a in enumerate(APPS)]
     alone = make_strategy(compose([*base, "server.momentum=0"]), K)
     _aggregate(alone, replies)
     dma = np.array([c["weight"] for c in alone.round_record.clients])
     d = alone.cfg["dma"]
-    assert np.allclose(dma, dma_weights(np.array(APPS), d["mode"], d["steps"], d["lr"],
-                                        d["optimizer"], d["cap"]).weights)
+    assert np.allclose(
+        dma,
+        dma_weights(
+            np.array(APPS), d["mode"], d["steps"], d["lr"], d["optimizer"], d["cap"]
+        ).weights,
+    )
 
     s = make_strategy(compose([*base, "strategy=fedadam"]), K)
     assert isinstance(s, FlowerStrategy)
@@ -162,17 +207,17 @@ def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
         return inner_avg(self, server_round, msgs)
 
     monkeypatch.setattr(FedAvg, "aggregate_train", spy)
-    s.inner.current_arrays = {"w": _global()["w"]}          # as its configure_train sets it
+    s.inner.current_arrays = {"w": _global()["w"]}  # as its configure_train sets it
     arrays, _ = _aggregate(s, replies)
     w = np.array(seen[0])
-    assert np.allclose(w / w.sum(), dma)                    # FedAdam averaged with DMA's weights
+    assert np.allclose(w / w.sum(), dma)  # FedAdam averaged with DMA's weights
     assert np.allclose([c["weight"] for c in s.round_record.clients], dma)
     out = arrays["w"].numpy()
     # FedAdam's first step on delta = sum beta_m w_m - w: m = 0.1 delta, v = 0.01 delta^2,
     # w + eta_norm m / (sqrt(v) + tau), eta_norm = 0.1 sqrt(1 - 0.99^2) / (1 - 0.9^2) (round 1)
     delta = dma @ np.array([[float(i), 0.0] for i in range(4)]) - np.array([1.0, 2.0])
-    m, v = 0.1 * delta, 0.01 * delta ** 2
-    eta = 0.1 * np.sqrt(1 - 0.99 ** 2) / (1 - 0.9 ** 2)
+    m, v = 0.1 * delta, 0.01 * delta**2
+    eta = 0.1 * np.sqrt(1 - 0.99**2) / (1 - 0.9**2)
     assert np.allclose(out, np.array([1.0, 2.0]) + eta * m / (np.sqrt(v) + 1e-3), atol=1e-5)
     # running statistics: averaged with the same weights; integer buffers: the largest
     assert np.allclose(arrays["bn.running_mean"].numpy(), dma @ np.arange(4), atol=1e-6)
@@ -180,8 +225,14 @@ def test_dma_composed_with_fedadam_gives_dmas_weights(monkeypatch):
 
 
 def test_flower_fedavg_equals_the_weighted_average_without_momentum():
-    cfg = ["fl.num_clients=4", "fl.fraction_train=1.0", "method=fixmatch", "server.momentum=0",
-           "server.robust.clip=null", "server.weighting=samples"]
+    cfg = [
+        "fl.num_clients=4",
+        "fl.fraction_train=1.0",
+        "method=fixmatch",
+        "server.momentum=0",
+        "server.robust.clip=null",
+        "server.weighting=samples",
+    ]
     replies = [_reply(i, [float(i), 1.0], a, 20 + i) for i, a in enumerate(APPS)]
     ours, _ = _aggregate(make_strategy(compose(cfg), K), replies)
     flowers, _ = _aggregate(make_strategy(compose([*cfg, "strategy=fedavg"]), K), replies)
@@ -192,11 +243,24 @@ def test_flower_fedavg_equals_the_weighted_average_without_momentum():
 def test_fedprox_sends_mu_and_the_term_changes_the_client_update(tmp_path):
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    s = make_strategy(compose(["fl.num_clients=4", "fl.fraction_train=0.5", "method=fixmatch",
-                               "strategy=fedprox", "strategy.params.proximal_mu=0.5"]), K)
+    s = make_strategy(
+        compose(
+            [
+                "fl.num_clients=4",
+                "fl.fraction_train=0.5",
+                "method=fixmatch",
+                "strategy=fedprox",
+                "strategy.params.proximal_mu=0.5",
+            ]
+        ),
+        K,
+    )
     s.bind_nodes({i: 20 + i for i in range(4)})
-    msgs = list(s.configure_train(1, ArrayRecord({"w": Array(np.zeros(2, np.float32))}),
-                                  ConfigRecord(), None))
+    msgs = list(
+        s.configure_train(
+            1, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), ConfigRecord(), None
+        )
+    )
     assert len(msgs) == 2 and all(m.content["config"]["proximal-mu"] == 0.5 for m in msgs)
 
     cfg = compose(TINY + ["method=fixmatch"])
@@ -208,15 +272,24 @@ def test_fedprox_sends_mu_and_the_term_changes_the_client_update(tmp_path):
         model = make_model(cfg, meta["num_classes"], meta["channels"])
         start = [p.detach().clone() for p in model.parameters()]
         make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu")).fit(
-            model, data, 0.05, seed=3, proximal_mu=mu)
-        moved.append(float(sum((p.detach() - q).square().sum()
-                               for p, q in zip(model.parameters(), start))))
-    assert moved[1] < 0.8 * moved[0]         # pulled back towards the received model
+            model, data, 0.05, seed=3, proximal_mu=mu
+        )
+        moved.append(
+            float(sum((p.detach() - q).square().sum() for p, q in zip(model.parameters(), start)))
+        )
+    assert moved[1] < 0.8 * moved[0]  # pulled back towards the received model
 
 
 def test_flower_strategy_state_survives_a_checkpoint():
-    cfg = compose(["fl.num_clients=4", "fl.fraction_train=1.0", "method=fixmatch",
-                   "strategy=fedyogi", "server.robust.clip=null"])
+    cfg = compose(
+        [
+            "fl.num_clients=4",
+            "fl.fraction_train=1.0",
+            "method=fixmatch",
+            "strategy=fedyogi",
+            "server.robust.clip=null",
+        ]
+    )
     s = make_strategy(cfg, K)
     for r in (1, 2):
         s.inner.current_arrays = {"w": _global()["w"]}
@@ -235,8 +308,11 @@ def test_the_documented_example_strategy_runs(small_npz, tmp_path, monkeypatch):
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
-    rc = _rc(tmp_path / "example", "custom", extra=" strategy.target=my_strategy:LabeledFedAvg"
-             " +strategy.params.server_lr=0.8") | {"data-path": str(small_npz)}
+    rc = _rc(
+        tmp_path / "example",
+        "custom",
+        extra=" strategy.target=my_strategy:LabeledFedAvg +strategy.params.server_lr=0.8",
+    ) | {"data-path": str(small_npz)}
     run_in_process(rc, 6)
     recs = _records(tmp_path / "example")
     assert [r["round"] for r in recs] == [1, 2] and recs[-1]["strategy"]["name"] == "custom"
@@ -249,7 +325,9 @@ def test_report_has_a_strategy_table_and_figure(small_npz, tmp_path):
     for strat in ("method", "fedavg", "fedprox"):
         for seed in (1, 2):
             rc = _rc(tmp_path / "runs" / strat / f"s{seed}", strat) | {
-                "data-path": str(small_npz), "seed": seed}
+                "data-path": str(small_npz),
+                "seed": seed,
+            }
             run_in_process(rc, 6)
     assert report([str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
     text = (tmp_path / "rep" / "results.md").read_text()

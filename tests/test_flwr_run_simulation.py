@@ -8,20 +8,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import flower_pids
 from localgrid import metrics_without_timing
 
 PROJECT = Path(__file__).resolve().parents[1]
-TINY = ("fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
-        "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0")
+TINY = (
+    "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
+    "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0"
+)
 
 
 def launch(tmp_path, run_config, *extra, timeout=400):
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
-    return subprocess.run([sys.executable, "-m", "feddb.launch", "--run-config", run_config,
-                           *extra], cwd=PROJECT, env=env, text=True, capture_output=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "feddb.launch", "--run-config", run_config, *extra],
+        cwd=PROJECT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -34,45 +40,87 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
-        for key in ("test_accuracy", "test_loss", "class_accuracy", "round_seconds", "clients",
-                    "dma", "js_divergence"):
+        for key in (
+            "test_accuracy",
+            "test_loss",
+            "class_accuracy",
+            "round_seconds",
+            "clients",
+            "dma",
+            "js_divergence",
+        ):
             assert key in r, key
         assert len(r["class_accuracy"]) == 10 and len(r["clients"]) == 2
         for c in r["clients"]:
-            for key in ("partition_id", "num_labeled", "num_unlabeled", "app_u", "weight",
-                        "pseudo_label_accuracy", "pseudo_label_ratio"):
+            for key in (
+                "partition_id",
+                "num_labeled",
+                "num_unlabeled",
+                "app_u",
+                "weight",
+                "pseudo_label_accuracy",
+                "pseudo_label_ratio",
+            ):
                 assert key in c, key
         p = np.array([c["app_u"] for c in r["clients"]])
         w = np.array([c["weight"] for c in r["clients"]])
         assert np.linalg.norm(w @ p - 0.1) <= np.linalg.norm(p.mean(0) - 0.1) + 1e-12
         assert r["dma"]["loss_weights"] <= r["dma"]["loss_uniform"]
-    for name in ("config.yaml", "partition.json", "partition_summary.txt", "summary.json",
-                 "final_model.pt", "provenance.json"):
+    for name in (
+        "config.yaml",
+        "partition.json",
+        "partition_summary.txt",
+        "summary.json",
+        "final_model.pt",
+        "provenance.json",
+    ):
         assert (out / name).is_file(), name
     # a simulation runs the method as published: no defence acts, and the run says so once
     assert res.stdout.count("a simulation runs the methods as published: the norm bound") == 1
-    assert all(r["robust"]["clip"] is None and "cosines" not in r["robust"]
-               and "loss_impact" not in r["robust"] and r["dma"]["cap"] is None for r in rounds)
+    assert all(
+        r["robust"]["clip"] is None
+        and "cosines" not in r["robust"]
+        and "loss_impact" not in r["robust"]
+        and r["dma"]["cap"] is None
+        for r in rounds
+    )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["defence_rounds"] == {"clipped": 0, "filtered": 0, "loss_checked_out": 0,
-                                         "dma_cap_bound": 0}
+    assert summary["defence_rounds"] == {
+        "clipped": 0,
+        "filtered": 0,
+        "loss_checked_out": 0,
+        "dma_cap_bound": 0,
+    }
     prov = json.loads((out / "provenance.json").read_text())
     assert len(prov["commit"]) == 40 and prov["torch"] and prov["date"].startswith("20")
-    assert not flower_pids(tmp_path / "flwr-home")            # the SuperLink was stopped
+    assert not flower_pids(tmp_path / "flwr-home")  # the SuperLink was stopped
     # the start-up timeline: the launcher, then the SuperLink, then the ServerApp's steps in order
     t = json.loads((out / "startup.json").read_text())
-    order = ["launch", "superlink_start", "superexec_start", "process_start", "server_main",
-             "data_ready", "nodes_bound", "first_round_sent", "first_round_done"]
+    order = [
+        "launch",
+        "superlink_start",
+        "superexec_start",
+        "process_start",
+        "server_main",
+        "data_ready",
+        "nodes_bound",
+        "first_round_sent",
+        "first_round_done",
+    ]
     clients = ["process_start", "client_process_start", "client_app_imported", "nodes_bound"]
     assert all(t[k] is not None for k in order + clients), t
-    for chain in (order, clients):          # Ray's workers start beside the ServerApp's steps
-        assert all(t[a] <= t[b] + 0.02 for a, b in zip(chain, chain[1:])), t   # /proc: 10 ms
+    for chain in (order, clients):  # Ray's workers start beside the ServerApp's steps
+        assert all(t[a] <= t[b] + 0.02 for a, b in zip(chain, chain[1:])), t  # /proc: 10 ms
     assert t["first_round_done"] - t["launch"] < 300
     # same seed, same machine: identical metrics from a second, independent simulation with two
     # SuperNodes for the four clients (each instruction names the partition to train)
     again = tmp_path / "again"
-    res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{again}' overrides='{TINY}'",
-                 "--federation-config", "num-supernodes=2")
+    res = launch(
+        tmp_path,
+        f"num-server-rounds=2 seed=3 output-dir='{again}' overrides='{TINY}'",
+        "--federation-config",
+        "num-supernodes=2",
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert metrics_without_timing(again) == metrics_without_timing(out)
 
@@ -80,11 +128,12 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
 @pytest.mark.slow
 def test_failed_run_exits_nonzero_with_the_reason(tmp_path):
     (tmp_path / "a-file").write_text("not a directory")
-    res = launch(tmp_path, f"num-server-rounds=1 output-dir='{tmp_path / 'a-file' / 'r'}' "
-                           f"overrides='{TINY}'")
+    res = launch(
+        tmp_path, f"num-server-rounds=1 output-dir='{tmp_path / 'a-file' / 'r'}' overrides='{TINY}'"
+    )
     assert res.returncode == 1
     assert "finished:failed" in res.stderr
-    assert "a-file" in res.stderr                               # the ServerApp's error
+    assert "a-file" in res.stderr  # the ServerApp's error
     assert not flower_pids(tmp_path / "flwr-home")
 
 
@@ -110,14 +159,24 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
     from feddb.resources import group_alive
 
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
-    proc = subprocess.Popen([sys.executable, "-m", "feddb.launch", "--run-config",
-                             f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' "
-                             f"overrides='{TINY}'"], cwd=PROJECT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "feddb.launch",
+            "--run-config",
+            f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' overrides='{TINY}'",
+        ],
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     head = None
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (head and flower_pids(tmp_path / "flwr-home")
-                                               and (tmp_path / "run" / "config.yaml").exists()):
+    while time.monotonic() < deadline and not (
+        head and flower_pids(tmp_path / "flwr-home") and (tmp_path / "run" / "config.yaml").exists()
+    ):
         head = head or _ray_head_of(proc.pid)
         time.sleep(0.2)
     assert head and flower_pids(tmp_path / "flwr-home"), "the run did not start"
@@ -127,26 +186,38 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
     assert not group_alive(head)
 
 
-@pytest.mark.parametrize("run_config,message", [
-    ("method='fedbogus'", "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl"),
-    ("dataset='imagenet'", "unknown dataset 'imagenet'"),
-    ("dataset='cifar10' data-path='/nonexistent/cifar'", "cifar10 not found in /nonexistent/cifar"),
-    ("overrides='train.tau=1.5'", "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
-    ("overrides='partition.delta=0'", "`partition.delta`: 0; allowed: a number > 0"),
-    ("bogus-key=1", "unknown run-config key(s) ['bogus-key']"),
-])
+@pytest.mark.parametrize(
+    "run_config,message",
+    [
+        (
+            "method='fedbogus'",
+            "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl",
+        ),
+        ("dataset='imagenet'", "unknown dataset 'imagenet'"),
+        (
+            "dataset='cifar10' data-path='/nonexistent/cifar'",
+            "cifar10 not found in /nonexistent/cifar",
+        ),
+        ("overrides='train.tau=1.5'", "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
+        ("overrides='partition.delta=0'", "`partition.delta`: 0; allowed: a number > 0"),
+        ("bogus-key=1", "unknown run-config key(s) ['bogus-key']"),
+    ],
+)
 def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
     res = launch(tmp_path, run_config, timeout=60)
     assert res.returncode == 2 and message in res.stderr, res.stderr
-    assert not (tmp_path / "flwr-home").exists()                 # no SuperLink, no run
+    assert not (tmp_path / "flwr-home").exists()  # no SuperLink, no run
 
 
 @pytest.mark.slow
 def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
     """Per-client messages with helper ArrayRecords, through Flower's serialisation and Ray."""
     out = tmp_path / "run"
-    res = launch(tmp_path, f"method='fedmatch' num-server-rounds=2 seed=3 output-dir='{out}' "
-                           f"overrides='{TINY} fl.fraction_train=1.0 method.helper_interval=2'")
+    res = launch(
+        tmp_path,
+        f"method='fedmatch' num-server-rounds=2 seed=3 output-dir='{out}' "
+        f"overrides='{TINY} fl.fraction_train=1.0 method.helper_interval=2'",
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rounds[0]["helpers"] is None

@@ -45,6 +45,8 @@ def test_imports_point_down(package):
 
 
 def test_the_check_sees_upward_imports_anywhere_in_a_file():
-    source = "import numpy\n\ndef f():\n    from flwr.app import Message\n    import server_app.app\n"
+    source = (
+        "import numpy\n\ndef f():\n    from flwr.app import Message\n    import server_app.app\n"
+    )
     assert imported_modules(source) & FORBIDDEN["fssl"] == {"flwr", "server_app"}
     assert imported_modules("from .config import require\n") == set()

@@ -43,8 +43,10 @@ def test_threshold_is_inclusive():
 
 
 def test_momentum_update_and_masked_ce_normalisation():
-    assert torch.allclose(momentum_update(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), 0.5),
-                          torch.tensor([0.5, 0.5]))
+    assert torch.allclose(
+        momentum_update(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), 0.5),
+        torch.tensor([0.5, 0.5]),
+    )
     logits, y = torch.zeros(2, 4), torch.tensor([0, 1])
     assert torch.isclose(masked_ce(logits, y, 8), torch.log(torch.tensor(4.0)) * 2 / 8)
     assert masked_ce(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 8).item() == 0.0

@@ -8,7 +8,7 @@ from fssl.models import build_model
 def test_wrn28_2_shape_and_size():
     model = build_model({"name": "wrn28_2", "norm": "batchstat"}, 10, 3)
     n = sum(p.numel() for p in model.parameters())
-    assert 1.46e6 < n < 1.48e6                      # WRN-28-2: 1.47M parameters
+    assert 1.46e6 < n < 1.48e6  # WRN-28-2: 1.47M parameters
     assert model(torch.randn(4, 3, 32, 32)).shape == (4, 10)
 
 
@@ -34,18 +34,17 @@ def test_unknown_model():
         build_model({"name": "vit", "norm": "bn"}, 10, 3)
 
 
-
 @pytest.mark.parametrize("size", [28, 7, 9])
 def test_the_inference_max_pool_gives_torchs_values_and_training_keeps_torchs_path(size):
     from fssl.models import MaxPool2x2
 
     pool = MaxPool2x2()
     x = torch.randn(3, 4, size, size + 1)
-    x[0, 0, :2, :2] = 0.5                       # ties
+    x[0, 0, :2, :2] = 0.5  # ties
     with torch.no_grad():
         assert torch.equal(pool(x), nn.functional.max_pool2d(x, 2))
     xg = x.clone().requires_grad_()
-    pool(xg).sum().backward()                     # torch's kernel: a tie's gradient goes to one
+    pool(xg).sum().backward()  # torch's kernel: a tie's gradient goes to one
     ref = x.clone().requires_grad_()
     nn.functional.max_pool2d(ref, 2).sum().backward()
     assert torch.equal(xg.grad, ref.grad) and xg.grad[0, 0, :2, :2].sum() == 1
@@ -68,7 +67,9 @@ def test_cpu_evaluation_in_small_batches_gives_the_same_predictions():
         one_pass = nn.functional.cross_entropy(logits, y).item()
         loss, _, pred, _ = evaluate(model, x, y, (0.1,), (0.3,), len(x))
         assert batch_dependent(model) == (norm == "batchstat")
-        assert loss == pytest.approx(one_pass, rel=1e-5) and (pred == logits.argmax(1).numpy()).all()
+        assert (
+            loss == pytest.approx(one_pass, rel=1e-5) and (pred == logits.argmax(1).numpy()).all()
+        )
         conf = evaluate(model, x, y, (0.1,), (0.3,), CPU_EVAL_BATCH)[3]
         one_conf = logits.softmax(1).max(1).values.double().numpy()
         assert (abs(conf - one_conf).max() < 1e-5) == (norm == "gn")

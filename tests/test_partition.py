@@ -26,7 +26,7 @@ def test_sizes_balance_disjointness_and_own_labeled(labels, mode, delta):
     assert len(np.unique(unl)) == len(unl) == len(labels) - 1000
     assert not np.intersect1d(lab, unl).size
     for u, l in zip(p.unlabeled, p.labeled):
-        assert np.isin(l, u).all()                      # own labeled images are in U_m
+        assert np.isin(l, u).all()  # own labeled images are in U_m
         assert len(u) == len(l) + len(np.setdiff1d(u, l))
         assert len(l) >= 1 and len(u) >= 1
 
@@ -66,6 +66,7 @@ def test_saved_and_summarised(labels, tmp_path):
     p = _part(labels)
     save_partition(p, labels, tmp_path)
     import json
+
     saved = json.loads((tmp_path / "partition.json").read_text())
     assert saved["labeled"][3] == p.labeled[3].tolist()
     summary = json.loads((tmp_path / "partition_summary.json").read_text())
@@ -84,6 +85,6 @@ def test_a_long_tailed_unlabeled_pool_keeps_the_labels_balanced(ratio):
     own = set(np.concatenate(part.labeled).tolist())
     pool = np.array([i for u in part.unlabeled for i in u if i not in own])
     counts = np.bincount(y[pool], minlength=10)
-    assert counts[0] == 690 and counts[-1] == round(690 / ratio)    # head and tail
-    assert (np.diff(counts) < 0).all()                               # falling class by class
-    assert len(np.unique(pool)) == len(pool)                         # every image once
+    assert counts[0] == 690 and counts[-1] == round(690 / ratio)  # head and tail
+    assert (np.diff(counts) < 0).all()  # falling class by class
+    assert len(np.unique(pool)) == len(pool)  # every image once

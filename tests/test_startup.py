@@ -7,34 +7,39 @@ import sys
 import time
 from pathlib import Path
 
-from fssl.profiling import Timeline, ancestor_start, process_start
+from fssl.profiling import Timeline, process_start
 
 
 def test_process_start_is_this_process_start():
     started = process_start()
     assert started is not None and started <= time.time()
-    assert time.time() - started < 3600                 # this test's own process, not the boot
-    assert process_start(10 ** 9) is None               # no such process
+    assert time.time() - started < 3600  # this test's own process, not the boot
+    assert process_start(10**9) is None  # no such process
 
 
 def test_ancestor_start_finds_the_named_parent_process():
     marker = "feddb_marker_parent_xyz"
-    child = ("import json, sys; from fssl.profiling import ancestor_start, process_start; "
-             "print(json.dumps([ancestor_start(sys.argv[1]), ancestor_start('no-such-' + 'name-q')]))")
-    parent = (f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
-              f"{child!r}, {marker!r}]))")
+    child = (
+        "import json, sys; from fssl.profiling import ancestor_start, process_start; "
+        "print(json.dumps([ancestor_start(sys.argv[1]), ancestor_start('no-such-' + 'name-q')]))"
+    )
+    parent = (
+        f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
+        f"{child!r}, {marker!r}]))"
+    )
     before = time.time()
-    res = subprocess.run([sys.executable, "-c", parent, marker], capture_output=True, text=True,
-                         check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", parent, marker], capture_output=True, text=True, check=True
+    )
     found, missing = json.loads(res.stdout)
     assert missing is None
-    assert before - 0.05 <= found <= time.time()        # the parent started in this window
+    assert before - 0.05 <= found <= time.time()  # the parent started in this window
 
 
 def test_timeline_marks_in_order_and_writes_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDDB_LAUNCH_TIME", "123.5")
     t = Timeline()
-    assert t.marks["launch"] == 123.5 and t.marks["superlink_start"] is None   # no SuperLink here
+    assert t.marks["launch"] == 123.5 and t.marks["superlink_start"] is None  # no SuperLink here
     t.mark("data_ready")
     t.write(tmp_path / "startup.json")
     t.mark("later")
@@ -47,17 +52,28 @@ def test_timeline_marks_in_order_and_writes_once(tmp_path, monkeypatch):
 def test_startup_table_gives_medians_since_the_launcher_and_the_superlink(monkeypatch, capsys):
     import feddb.startup as st
 
-    def fake(out, home, rc, launcher_args=(), k=iter(range(10))):
-        i = next(k)
-        return {"launch": 100.0, "superlink_start": 102.0, "process_start": 105.0,
-                "server_main": 108.0, "data_ready": 109.0, "nodes_bound": 112.0 + i,
-                "first_round_sent": 112.6 + i,
-                "first_round_done": 114.0 + i}
+    counter = iter(range(10))
+
+    def fake(out, home, rc, launcher_args=()):
+        i = next(counter)
+        return {
+            "launch": 100.0,
+            "superlink_start": 102.0,
+            "process_start": 105.0,
+            "server_main": 108.0,
+            "data_ready": 109.0,
+            "nodes_bound": 112.0 + i,
+            "first_round_sent": 112.6 + i,
+            "first_round_done": 114.0 + i,
+        }
 
     monkeypatch.setattr(st, "one_run", fake)
     assert st.main(["--repeat", "3"]) == 0
     out = capsys.readouterr().out
-    assert "| round 1 aggregated, evaluated and recorded | 15.0 (14.0-16.0) | 13.0 (12.0-14.0) |" in out
+    assert (
+        "| round 1 aggregated, evaluated and recorded | 15.0 (14.0-16.0) | 13.0 (12.0-14.0) |"
+        in out
+    )
     assert "| SuperLink process started (by `flwr run`) | 2.0 (2.0-2.0) | 0.0 (0.0-0.0) |" in out
     assert st.main(["--repeat", "0"]) == 2
 
@@ -70,7 +86,7 @@ def test_the_lean_app_copy_builds_the_same_fab_without_walking_the_venv(tmp_path
 
     from feddb.launch import PROJECT, lean_app
 
-    (PROJECT / "runs").mkdir(exist_ok=True)          # ignored output: must not reach the copy
+    (PROJECT / "runs").mkdir(exist_ok=True)  # ignored output: must not reach the copy
     stage = lean_app(PROJECT, tmp_path / "stage")
     copied = {p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file()}
     assert "pyproject.toml" in copied and "strategy/base.py" in copied
@@ -82,11 +98,20 @@ def test_the_ray_head_serves_a_driver_and_is_stopped_whole(tmp_path):
     from feddb.resources import group_alive, ray_head
 
     with ray_head(True) as head:
-        res = subprocess.run([sys.executable, "-c", "import ray, sys; ray.init(address=sys.argv[1],"
-                              " logging_level='ERROR'); print(int(ray.cluster_resources()['CPU']))",
-                              head.address], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray, sys; ray.init(address=sys.argv[1],"
+                " logging_level='ERROR'); print(int(ray.cluster_resources()['CPU']))",
+                head.address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
-        assert int(res.stdout.split()[-1]) == os.cpu_count()        # all CPUs, as ray.init's
+        assert int(res.stdout.split()[-1]) == os.cpu_count()  # all CPUs, as ray.init's
         assert head.failure() is None
         pgid, temp = head.proc.pid, head.temp
     assert not group_alive(pgid) and not temp.exists()
@@ -101,13 +126,19 @@ def _fake(tmp_path, name, body):
     return str(exe)
 
 
-def test_a_ray_head_that_fails_is_reported_and_the_launcher_falls_back(tmp_path, monkeypatch,
-                                                                       capsys):
+def test_a_ray_head_that_fails_is_reported_and_the_launcher_falls_back(
+    tmp_path, monkeypatch, capsys
+):
     import feddb.launch as launch
     import feddb.resources as resources
 
-    monkeypatch.setattr(resources, "ray_exe", lambda: _fake(
-        tmp_path, "ray", "import sys; print('ValueError: no such port'); sys.exit(3)"))
+    monkeypatch.setattr(
+        resources,
+        "ray_exe",
+        lambda: _fake(
+            tmp_path, "ray", "import sys; print('ValueError: no such port'); sys.exit(3)"
+        ),
+    )
     with resources.ray_head(True) as head:
         head.proc.wait(timeout=30)
         assert "exited (code 3)" in head.failure() and "no such port" in head.failure()
@@ -131,8 +162,9 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
     from feddb.launch import superlink_pids, watchdog
 
     port = 45678
-    link = subprocess.Popen([_fake(tmp_path, "flower-superlink", "import time; time.sleep(120)"),
-                             "--port", str(port)])
+    link = subprocess.Popen(
+        [_fake(tmp_path, "flower-superlink", "import time; time.sleep(120)"), "--port", str(port)]
+    )
     for _ in range(50):
         if superlink_pids(port):
             break
@@ -140,10 +172,9 @@ def test_the_watchdog_stops_the_run_when_what_it_watches_fails(tmp_path, capsys)
     assert superlink_pids(port) == [link.pid]
     state = iter([None, None, "the Ray head started for this run exited (code 1)"])
     watchdog(lambda: next(state), threading.Event(), port, [])
-    assert link.wait(timeout=30) != 0                         # stopped by the watchdog
+    assert link.wait(timeout=30) != 0  # stopped by the watchdog
     err = capsys.readouterr().err
     assert "exited (code 1)" in err and "--flower-ray" in err
-
 
 
 def _session(argv0: str) -> subprocess.Popen:
@@ -166,18 +197,22 @@ def test_the_ray_head_yields_the_cpu_until_its_first_worker_starts(tmp_path):
 
     starting, running = _session("raylet"), _session("ray::ClientAppActor.run")
     try:
-        ours = Path("/proc/self/autogroup").read_text() if Path("/proc/self/autogroup").exists() else None
+        ours = (
+            Path("/proc/self/autogroup").read_text()
+            if Path("/proc/self/autogroup").exists()
+            else None
+        )
         heads = [RayHead(p, "127.0.0.1:1", tmp_path) for p in (starting, running)]
-        if ours is None:                                     # no autogroup: nothing to change
+        if ours is None:  # no autogroup: nothing to change
             assert not heads[0].yielding and heads[0].watch() is None
             return
         nice = lambda p: Path(f"/proc/{p.pid}/autogroup").read_text().split()[-1]  # noqa: E731
         assert all(h.yielding for h in heads) and nice(starting) == nice(running) == "15"
         assert not workers_started(starting.pid) and workers_started(running.pid)
-        assert [h.watch() for h in heads] == [None, None]    # both alive: no failure
-        assert heads[0].yielding and nice(starting) == "15"   # no worker yet: still yielding
+        assert [h.watch() for h in heads] == [None, None]  # both alive: no failure
+        assert heads[0].yielding and nice(starting) == "15"  # no worker yet: still yielding
         assert not heads[1].yielding and nice(running) == "0"
-        assert Path("/proc/self/autogroup").read_text() == ours                # ours untouched
+        assert Path("/proc/self/autogroup").read_text() == ours  # ours untouched
     finally:
         for p in (starting, running):
             p.kill()
@@ -189,7 +224,7 @@ def test_a_zombie_is_not_alive_and_the_proc_walk_leaves_it_out():
     from fssl.profiling import alive, live_processes
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    for _ in range(100):                                   # exited, not reaped: a zombie
+    for _ in range(100):  # exited, not reaped: a zombie
         if not alive(child.pid):
             break
         time.sleep(0.05)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from server_app.config import compose
 from feddb import report
+from server_app.config import compose
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,21 @@ calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
 def sweep(tmp_path, *args):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
-    return subprocess.run([sys.executable, "-m", "feddb.sweep", "-m", *args,
-                           f"out={tmp_path / 'out'}", f"launcher=[python,{stub}]"],
-                          cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feddb.sweep",
+            "-m",
+            *args,
+            f"out={tmp_path / 'out'}",
+            f"launcher=[python,{stub}]",
+        ],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_sweep_runs_each_combination_skips_complete_ones_and_reports_failures(tmp_path):
@@ -49,10 +61,14 @@ def test_sweep_runs_each_combination_skips_complete_ones_and_reports_failures(tm
     assert "boom" in (root / "feddb" / "s1.log").read_text()
     status = [json.loads(line) for line in (tmp_path / "out" / "sweep_status.jsonl").open()]
     assert sorted((s["row"], s["seed"], s["status"]) for s in status) == [
-        ("fedavg", 0, "done"), ("fedavg", 1, "done"), ("feddb", 0, "done"), ("feddb", 1, "failed")]
+        ("fedavg", 0, "done"),
+        ("fedavg", 1, "done"),
+        ("feddb", 0, "done"),
+        ("feddb", 1, "failed"),
+    ]
     again = sweep(tmp_path, "row=fedavg,feddb", "seed=0,1")
     assert "4 combinations: 0 run, 3 already complete, 1 failed" in again.stdout
-    assert (root / "fedavg" / "s0" / "calls").read_text() == "1"       # not run twice
+    assert (root / "fedavg" / "s0" / "calls").read_text() == "1"  # not run twice
 
 
 def test_sweep_rejects_an_unknown_row(tmp_path):
@@ -66,28 +82,38 @@ def test_sweep_presets_compose():
 
     sweeps = str(PROJECT / "conf" / "sweeps")
     with initialize_config_dir(config_dir=sweeps, version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=["sweep=mnist_miniature"],
-                            return_hydra_config=True)
+        cfg = hydra_compose(
+            config_name="config", overrides=["sweep=mnist_miniature"], return_hydra_config=True
+        )
     paper = yaml.safe_load((PROJECT / "conf" / "comparison" / "paper.yaml").read_text())
     rows = list(paper["methods"])
     main = ["fedavg", "fixmatch", "fixmatch-feddpl", "feddb", "feddb-without-dpl"]
     assert cfg.hydra.sweeper.params["row"].split(",") == main
     assert cfg.hydra.sweeper.params["seed"] == "0,1,2,3,4" and cfg.experiment == "miniature"
     with initialize_config_dir(config_dir=sweeps, version_base=None):
-        others = hydra_compose(config_name="config", overrides=["sweep=mnist_miniature_others"],
-                               return_hydra_config=True)
-    assert set(others.hydra.sweeper.params["row"].split(",")) | set(main) \
-        == set(rows) | {"feddb-without-dpl"}          # FedDB w/o DMA is FixMatch-FedDPL
+        others = hydra_compose(
+            config_name="config",
+            overrides=["sweep=mnist_miniature_others"],
+            return_hydra_config=True,
+        )
+    assert set(others.hydra.sweeper.params["row"].split(",")) | set(main) == set(rows) | {
+        "feddb-without-dpl"
+    }  # FedDB w/o DMA is FixMatch-FedDPL
     assert others.hydra.sweeper.params["seed"] == "0,1,2" and others.out == cfg.out
-    experiments = {p.relative_to(PROJECT / "conf" / "experiment").with_suffix("").as_posix()
-                   for p in (PROJECT / "conf" / "experiment").rglob("*.yaml")}
+    experiments = {
+        p.relative_to(PROJECT / "conf" / "experiment").with_suffix("").as_posix()
+        for p in (PROJECT / "conf" / "experiment").rglob("*.yaml")
+    }
     for preset in sorted((PROJECT / "conf" / "sweeps" / "sweep" / "paper").glob("*.yaml")):
         with initialize_config_dir(config_dir=sweeps, version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=[f"sweep=paper/{preset.stem}"],
-                                return_hydra_config=True)
+            cfg = hydra_compose(
+                config_name="config",
+                overrides=[f"sweep=paper/{preset.stem}"],
+                return_hydra_config=True,
+            )
         params = cfg.hydra.sweeper.params
         assert params["row"].split(",") == rows and params["seed"] == "0,1,2,3", preset.name
-        for d in params.get("dataset", cfg.dataset).split(","):       # every setting has a preset
+        for d in params.get("dataset", cfg.dataset).split(","):  # every setting has a preset
             for p in params.get("partition", cfg.partition).split(","):
                 cfg.dataset, cfg.partition = d, p
                 assert cfg.experiment == f"paper/{d}_{p}" and cfg.experiment in experiments
@@ -101,13 +127,16 @@ def test_sweep_table_preset_runs_every_dataset_with_its_paper_experiment(tmp_pat
         rc = (tmp_path / "out" / f"{d}_dir0.1" / "feddb" / "s0" / "run_config").read_text()
         assert f"dataset='{d}' partition='dir0.1' experiment='paper/{d}_dir0.1'" in rc
     # dataset, partition and experiment are plain values of the sweep, not training config groups
-    res = sweep(tmp_path, "dataset=svhn", "partition=iid", "experiment=paper/svhn_iid", "row=fedavg")
+    res = sweep(
+        tmp_path, "dataset=svhn", "partition=iid", "experiment=paper/svhn_iid", "row=fedavg"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rc = (tmp_path / "out" / "svhn_iid" / "fedavg" / "s0" / "run_config").read_text()
     assert "dataset='svhn' partition='iid' experiment='paper/svhn_iid'" in rc
 
 
 # -- report -------------------------------------------------------------------------------------
+
 
 def fake_run(root, name, method, seed, accs, extra=(), delta=0.3, dataset="mnist10k", rounds=None):
     cfg = compose([f"method={method}", f"seed={seed}", f"num_rounds={rounds or len(accs)}", *extra])
@@ -120,13 +149,27 @@ def fake_run(root, name, method, seed, accs, extra=(), delta=0.3, dataset="mnist
     lines = []
     for r, acc in enumerate(accs, 1):
         k = 10
-        lines.append(json.dumps({
-            "round": r, "test_accuracy": acc,           # None: not evaluated (eval.every)
-            "class_accuracy": None if acc is None else list(np.linspace(0, 1, k) * acc),
-            "pseudo_label_accuracy": 0.5 + 0.01 * r, "pseudo_label_ratio": 0.1 * r,
-            "js_divergence": 0.3 / r, "js_divergence_labeled": 0.6,
-            "dma": {"weight_entropy": 1.0 + 0.01 * r, "weights": [0.2] * 5, "loss_weights": 0.01,
-                    "loss_uniform": 0.02} if cfg["dma"]["enabled"] else None}))
+        lines.append(
+            json.dumps(
+                {
+                    "round": r,
+                    "test_accuracy": acc,  # None: not evaluated (eval.every)
+                    "class_accuracy": None if acc is None else list(np.linspace(0, 1, k) * acc),
+                    "pseudo_label_accuracy": 0.5 + 0.01 * r,
+                    "pseudo_label_ratio": 0.1 * r,
+                    "js_divergence": 0.3 / r,
+                    "js_divergence_labeled": 0.6,
+                    "dma": {
+                        "weight_entropy": 1.0 + 0.01 * r,
+                        "weights": [0.2] * 5,
+                        "loss_weights": 0.01,
+                        "loss_uniform": 0.02,
+                    }
+                    if cfg["dma"]["enabled"]
+                    else None,
+                }
+            )
+        )
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return d
 
@@ -139,9 +182,9 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     fake_run(runs, "b", "feddb", 1, [0.7, 0.95, 0.9])
     fake_run(runs, "c", "fixmatch", 0, [0.3, 0.9, 0.9], extra=["dpl=true"])
     fake_run(runs, "d", "fedavg", 0, [0.2, 0.3, 0.4], delta=0.1)
-    fake_run(runs, "e", "feddb", 0, [0.1, 0.2, 0.2], extra=["dma.enabled=false"])   # = c's (DPL, -)
+    fake_run(runs, "e", "feddb", 0, [0.1, 0.2, 0.2], extra=["dma.enabled=false"])  # = c's (DPL, -)
     fake_run(runs, "f", "fedavg", 0, [0.5, 0.6, 0.6], delta=None, dataset="cifar10")
-    fake_run(runs, "g", "fedrgd", 0, [0.5, 0.4], rounds=5)                     # still running
+    fake_run(runs, "g", "fedrgd", 0, [0.5, 0.4], rounds=5)  # still running
     out = tmp_path / "rep"
     assert report.main([str(runs), "--out", str(out)]) == 0
     rows = {(r["setting"], r["method"]): r for r in csv.DictReader((out / "results.csv").open())}
@@ -151,20 +194,26 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     assert float(fm["final_mean"]) == pytest.approx(70.0)
     assert float(rows[("mnist10k δ=0.3", "FedDB")]["best_mean"]) == pytest.approx(92.5)
     assert float(rows[("mnist10k δ=0.1", "FedAvg")]["final_mean"]) == pytest.approx(40.0)
-    assert rows[("cifar10 IID", "FedAvg")]["best_std"] == ""                  # one seed: no std
+    assert rows[("cifar10 IID", "FedAvg")]["best_std"] == ""  # one seed: no std
     md = (out / "results.md").read_text()
     # the paper's layout: one table per partition (IID first), datasets across in the paper's order
     assert md.index("(%), IID:") < md.index("(%), δ=0.3:") < md.index("(%), δ=0.1:")
     assert md.count("| method | CIFAR10 | MNIST-10k |") == 6
     assert "| FedAvg | 60.00(–) | – |" in md and "| FixMatch-FedDPL | – | 90.00(–) |" in md
-    d03 = md[md.index("Final test accuracy (%), δ=0.3"):md.index("Final test accuracy (%), δ=0.1")]
+    d03 = md[
+        md.index("Final test accuracy (%), δ=0.3") : md.index("Final test accuracy (%), δ=0.1")
+    ]
     assert d03.index("| FixMatch |") < d03.index("| FixMatch-FedDPL") < d03.index("| FedDB |")
     assert "| FedDB | – | 87.50(3.54) |" in d03
     assert "| FedRGD | – | 40.00(–)* |" in d03 and "* = some runs of the cell have not" in md
-    assert "Best test accuracy" not in md          # not a headline figure any more
-    assert "Each cell: seeds 0 (1 run); except" in md and "FixMatch @ mnist10k δ=0.3: seeds 0, 1" in md
+    assert "Best test accuracy" not in md  # not a headline figure any more
+    assert (
+        "Each cell: seeds 0 (1 run); except" in md and "FixMatch @ mnist10k δ=0.3: seeds 0, 1" in md
+    )
     # ablation: FixMatch-FedDPL and FedDB w/o DMA are one computation: a seed counts once
-    assert "| δ=0.3 | – | – | – | 70.00(14.14) |" in md and "| δ=0.3 | ✓ | ✓ | – | 87.50(3.54) |" in md
+    assert (
+        "| δ=0.3 | – | – | – | 70.00(14.14) |" in md and "| δ=0.3 | ✓ | ✓ | – | 87.50(3.54) |" in md
+    )
     assert "| δ=0.3 | ✓ | – | – | 90.00(–) |" in md
     import matplotlib.image as mpimg
 
@@ -172,7 +221,7 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
         png = out / f"{name}.png"
         assert png.stat().st_size > 20_000, name
         img = mpimg.imread(png)
-        assert img.std() > 0.05 and img.shape[0] > 300, name                # not blank
+        assert img.std() > 0.05 and img.shape[0] > 300, name  # not blank
 
 
 def test_report_reads_runs_evaluated_every_few_rounds(tmp_path):
@@ -206,10 +255,12 @@ def test_report_colours_pair_each_method_with_its_dpl_variant():
     import matplotlib
 
     tab20 = matplotlib.colormaps["tab20"]
-    col = report.colours(["FixMatch", "FedDB", "SemiFL-FedDPL", "FixMatch-FedDPL", "Mine", "SemiFL"])
-    assert col["FixMatch"] == tab20(0) and col["FixMatch-FedDPL"] == tab20(1)   # dark, light
+    col = report.colours(
+        ["FixMatch", "FedDB", "SemiFL-FedDPL", "FixMatch-FedDPL", "Mine", "SemiFL"]
+    )
+    assert col["FixMatch"] == tab20(0) and col["FixMatch-FedDPL"] == tab20(1)  # dark, light
     assert col["SemiFL"] == tab20(8) and col["SemiFL-FedDPL"] == tab20(9)
-    assert len(set(col.values())) == 6                        # an unknown variant gets its own
+    assert len(set(col.values())) == 6  # an unknown variant gets its own
     assert report.dashes("SemiFL-FedDPL") == "--" and report.dashes("FedDB") == "-"
 
 
@@ -221,8 +272,9 @@ def test_trailing_means_average_the_last_rounds_only():
     assert trailing_mean(v, 1) is v and trailing_mean(v, 9).tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
-@pytest.mark.parametrize("preset", ["claims_cpu", "claims_authors", "claims_cpu_more",
-                                    "claims_authors_more"])
+@pytest.mark.parametrize(
+    "preset", ["claims_cpu", "claims_authors", "claims_cpu_more", "claims_authors_more"]
+)
 def test_the_claims_presets_run_known_rows_in_whole_seeds(preset):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -230,11 +282,12 @@ def test_the_claims_presets_run_known_rows_in_whole_seeds(preset):
     from feddb.sweep import rows
 
     with initialize_config_dir(config_dir=str(PROJECT / "conf" / "sweeps"), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=[f"sweep={preset}"],
-                            return_hydra_config=True)
+        cfg = hydra_compose(
+            config_name="config", overrides=[f"sweep={preset}"], return_hydra_config=True
+        )
     params = cfg.hydra.sweeper.params
-    assert list(params)[0] == "seed"              # seeds outermost: an interrupted sweep
-    assert set(params["row"].split(",")) <= set(rows())        # leaves whole seeds
+    assert list(params)[0] == "seed"  # seeds outermost: an interrupted sweep
+    assert set(params["row"].split(",")) <= set(rows())  # leaves whole seeds
     for part in params["partition"].split(","):
-        compose([f"experiment={cfg.experiment}", f"partition={part}"])   # valid configurations
+        compose([f"experiment={cfg.experiment}", f"partition={part}"])  # valid configurations
     assert cfg.out == f"runs/claims/{preset.split('_')[1]}"

@@ -2,38 +2,58 @@ import json
 
 import numpy as np
 import pytest
+from conftest import make_metadata, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from conftest import make_metadata, make_reply
-from server_app.config import compose
 from fssl.dma import dma_weights
+from server_app.config import compose
 from strategy import WeightedAverage, make_strategy
 
 K = 3
 
 
 def _cfg(*extra):
-    return compose(["fl.num_clients=4", "fl.fraction_train=0.5", "server.weighting=uniform",
-                    "train.warmup_rounds=0", *extra])
+    return compose(
+        [
+            "fl.num_clients=4",
+            "fl.fraction_train=0.5",
+            "server.weighting=uniform",
+            "train.warmup_rounds=0",
+            *extra,
+        ]
+    )
 
 
 def _global():
-    return {"w": np.array([1.0, 2.0], np.float32), "bn.running_mean": np.zeros(2, np.float32),
-            "bn.num_batches_tracked": np.array(0, np.int64)}
+    return {
+        "w": np.array([1.0, 2.0], np.float32),
+        "bn.running_mean": np.zeros(2, np.float32),
+        "bn.num_batches_tracked": np.array(0, np.int64),
+    }
 
 
 def _metrics(pid, app_u, **extra):
-    m = {"partition_id": pid, "num_labeled": 10 * (pid + 1), "num_unlabeled": 90,
-         "app_u": list(map(float, app_u)), "app_u_global": [1 / K] * K,
-         "pseudo_label_ratio": 0.5, "pseudo_label_accuracy": 0.9, "pseudo_label_count": 3,
-         "labeled_histogram": [1, 2, 3]}
+    m = {
+        "partition_id": pid,
+        "num_labeled": 10 * (pid + 1),
+        "num_unlabeled": 90,
+        "app_u": list(map(float, app_u)),
+        "app_u_global": [1 / K] * K,
+        "pseudo_label_ratio": 0.5,
+        "pseudo_label_accuracy": 0.9,
+        "pseudo_label_count": 3,
+        "labeled_histogram": [1, 2, 3],
+    }
     m.update(extra)
     return m
 
 
 def _client(w, rm=0.5, n=3):
-    return {"w": np.array(w, np.float32), "bn.running_mean": np.full(2, rm, np.float32),
-            "bn.num_batches_tracked": np.array(n, np.int64)}
+    return {
+        "w": np.array(w, np.float32),
+        "bn.running_mean": np.full(2, rm, np.float32),
+        "bn.num_batches_tracked": np.array(n, np.int64),
+    }
 
 
 def _start(strategy, global_arrays):
@@ -45,20 +65,24 @@ def test_uniform_average_with_server_momentum_on_hand_built_replies():
     s = make_strategy(_cfg("dma.enabled=false", "server.momentum=0.5"), K)
     assert type(s) is WeightedAverage
     _start(s, _global())
-    replies = [make_reply(_client([3.0, 2.0], 1.0, 4), _metrics(1, [0.2, 0.3, 0.5]), node=11),
-               make_reply(_client([1.0, 4.0], 0.0, 2), _metrics(0, [0.5, 0.3, 0.2]), node=10)]
+    replies = [
+        make_reply(_client([3.0, 2.0], 1.0, 4), _metrics(1, [0.2, 0.3, 0.5]), node=11),
+        make_reply(_client([1.0, 4.0], 0.0, 2), _metrics(0, [0.5, 0.3, 0.2]), node=10),
+    ]
     arrays, _ = s.aggregate_train(1, replies)
     out = {k: v.numpy() for k, v in arrays.items()}
     # avg = (2, 3); buf = w - avg = (-1, -1); w - buf = (2, 3)
     assert np.allclose(out["w"], [2.0, 3.0])
-    assert np.allclose(out["bn.running_mean"], [0.5, 0.5])        # averaged, no momentum
+    assert np.allclose(out["bn.running_mean"], [0.5, 0.5])  # averaged, no momentum
     assert out["bn.num_batches_tracked"] == 4 and out["w"].dtype == np.float32
-    assert [c["partition_id"] for c in s.round_record.clients] == [0, 1]   # sorted by partition
+    assert [c["partition_id"] for c in s.round_record.clients] == [0, 1]  # sorted by partition
     assert [c["weight"] for c in s.round_record.clients] == [0.5, 0.5]
     # round 2: buf = 0.5 * (-1, -1) + (w - avg) with avg = (2, 4): (-0.5, -1.5) -> w = (2.5, 4.5)
     _start(s, out)
-    replies = [make_reply(_client([2.0, 4.0]), _metrics(0, [0.4, 0.3, 0.3]), node=10),
-               make_reply(_client([2.0, 4.0]), _metrics(2, [0.4, 0.3, 0.3]), node=12)]
+    replies = [
+        make_reply(_client([2.0, 4.0]), _metrics(0, [0.4, 0.3, 0.3]), node=10),
+        make_reply(_client([2.0, 4.0]), _metrics(2, [0.4, 0.3, 0.3]), node=12),
+    ]
     arrays, _ = s.aggregate_train(2, replies)
     assert np.allclose(arrays["w"].numpy(), [2.5, 4.5])
 
@@ -66,8 +90,10 @@ def test_uniform_average_with_server_momentum_on_hand_built_replies():
 def test_sample_weighting():
     s = make_strategy(_cfg("dma.enabled=false", "server.momentum=0", "server.weighting=samples"), K)
     _start(s, _global())
-    replies = [make_reply(_client([0.0, 0.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
-               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11)]
+    replies = [
+        make_reply(_client([0.0, 0.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
+        make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11),
+    ]
     arrays, _ = s.aggregate_train(1, replies)
     # sizes 100 and 110
     assert np.allclose(arrays["w"].numpy(), [110 / 210] * 2, atol=1e-6)
@@ -78,13 +104,15 @@ def test_dma_weights_are_applied_and_logged():
     assert type(s) is WeightedAverage and s.cfg["dma"]["enabled"]
     _start(s, _global())
     apps = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.1, 0.8]]
-    replies = [make_reply(_client([float(i), 0.0]), _metrics(i, a), node=20 + i)
-               for i, a in enumerate(apps)]
+    replies = [
+        make_reply(_client([float(i), 0.0]), _metrics(i, a), node=20 + i)
+        for i, a in enumerate(apps)
+    ]
     arrays, _ = s.aggregate_train(1, replies)
     expected = dma_weights(np.array(apps))
     got = np.array([c["weight"] for c in s.round_record.clients])
     assert np.allclose(got, expected.weights)
-    assert got[0] > got[2]                 # the over-represented class is down-weighted
+    assert got[0] > got[2]  # the over-represented class is down-weighted
     assert np.isclose(arrays["w"].numpy()[0], got @ np.arange(4), atol=1e-6)
     d = s.round_record.dma
     assert d["loss_weights"] < d["loss_uniform"] and d["weight_entropy"] < np.log(4)
@@ -94,10 +122,12 @@ def test_bad_replies_are_dropped_and_too_few_skip_the_round():
     s = make_strategy(_cfg("fl.min_train_clients=2"), K)
     _start(s, _global())
     nan = _client([np.nan, 0.0])
-    replies = [make_reply(_client([1.0, 1.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
-               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.5]), node=11),
-               make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.6, 0.2]), node=12),
-               make_reply(nan, _metrics(3, [0.2, 0.3, 0.5]), node=13)]
+    replies = [
+        make_reply(_client([1.0, 1.0]), _metrics(0, [0.2, 0.3, 0.5]), node=10),
+        make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.5]), node=11),
+        make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.6, 0.2]), node=12),
+        make_reply(nan, _metrics(3, [0.2, 0.3, 0.5]), node=13),
+    ]
     arrays, _ = s.aggregate_train(1, replies)
     assert arrays is None and s.round_record.skipped
     reasons = {f["node_id"]: f["reason"] for f in s.round_record.failures}
@@ -118,13 +148,14 @@ def test_sampling_is_seeded_by_partition_not_node_ids():
 
 def test_always_sample_puts_a_partition_in_every_round():
     plain = make_strategy(_cfg("fl.num_clients=20", "fl.fraction_train=0.25"), K)
-    forced = make_strategy(_cfg("fl.num_clients=20", "fl.fraction_train=0.25",
-                                "fl.always_sample=[3]"), K)
+    forced = make_strategy(
+        _cfg("fl.num_clients=20", "fl.fraction_train=0.25", "fl.always_sample=[3]"), K
+    )
     rounds = [forced.sample(r, 0.25) for r in range(1, 41)]
     assert all(len(p) == 5 == len(set(p)) and 3 in p for p in rounds)
-    assert sum(3 in plain.sample(r, 0.25) for r in range(1, 41)) < 40      # drawn by chance only
+    assert sum(3 in plain.sample(r, 0.25) for r in range(1, 41)) < 40  # drawn by chance only
     others = {q for p in rounds for q in p if q != 3}
-    assert len(others) > 10 and others <= set(range(20))      # the rest still drawn at random
+    assert len(others) > 10 and others <= set(range(20))  # the rest still drawn at random
 
 
 def test_configure_train_sends_config_and_lr(task_identity):
@@ -154,21 +185,29 @@ def test_federated_evaluation_is_optional_and_aggregated(task_identity):
     replies = []
     for i, (acc, n) in enumerate([(1.0, 10), (0.0, 30)]):
         ins = Message(content=RecordDict(), metadata=make_metadata(src=0, dst=100 + i))
-        rec = RecordDict({"metrics": MetricRecord({"eval_accuracy": acc, "eval_loss": 1.0,
-                                                   "num-examples": n})})
+        rec = RecordDict(
+            {"metrics": MetricRecord({"eval_accuracy": acc, "eval_loss": 1.0, "num-examples": n})}
+        )
         replies.append(Message(content=rec, reply_to=ins))
     agg = on.aggregate_evaluate(1, replies)
-    assert agg["eval_accuracy"] == pytest.approx(0.25)            # weighted by examples
+    assert agg["eval_accuracy"] == pytest.approx(0.25)  # weighted by examples
 
 
 def test_odd_optional_metrics_do_not_break_the_round():
     s = make_strategy(_cfg("dma.enabled=false"), K)
     _start(s, _global())
-    odd = _metrics(0, [0.2, 0.3, 0.5], loss_sup=[1.0, 2.0], pseudo_label_accuracy=float("nan"),
-                   labeled_histogram=[0.5, 1.5])
+    odd = _metrics(
+        0,
+        [0.2, 0.3, 0.5],
+        loss_sup=[1.0, 2.0],
+        pseudo_label_accuracy=float("nan"),
+        labeled_histogram=[0.5, 1.5],
+    )
     del odd["app_u_global"]
-    replies = [make_reply(_client([1.0, 1.0]), odd, node=10),
-               make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11)]
+    replies = [
+        make_reply(_client([1.0, 1.0]), odd, node=10),
+        make_reply(_client([1.0, 1.0]), _metrics(1, [0.5, 0.3, 0.2]), node=11),
+    ]
     arrays, _ = s.aggregate_train(1, replies)
     assert arrays is not None
     rec = s.round_record.clients[0]
@@ -182,19 +221,29 @@ def test_reply_claiming_another_partition_or_dtype_is_dropped():
     _start(s, _global())
     wrong_dtype = _client([1.0, 1.0])
     wrong_dtype["w"] = wrong_dtype["w"].astype(np.float64)
-    replies = [make_reply(_client([1.0, 1.0]), _metrics(2, [0.2, 0.3, 0.5]), node=10),
-               make_reply(wrong_dtype, _metrics(1, [0.5, 0.3, 0.2]), node=11),
-               make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.3, 0.2]), node=12)]
+    replies = [
+        make_reply(_client([1.0, 1.0]), _metrics(2, [0.2, 0.3, 0.5]), node=10),
+        make_reply(wrong_dtype, _metrics(1, [0.5, 0.3, 0.2]), node=11),
+        make_reply(_client([1.0, 1.0]), _metrics(2, [0.5, 0.3, 0.2]), node=12),
+    ]
     s.aggregate_train(1, replies)
     reasons = {f["partition_id"]: f["reason"] for f in s.round_record.failures}
     assert "claims partition 2 but the node was sent 0" in reasons[0]
     assert "float64[2], expected float32[2]" in reasons[1]
 
 
-@pytest.mark.parametrize("value", [
-    np.random.default_rng(0).random((3, 4), dtype=np.float32), np.array(5, dtype=np.int64),
-    np.zeros((0, 3)), np.arange(10, dtype=np.uint8), np.ones((2, 3, 4), dtype=np.float16),
-    np.asfortranarray(np.arange(12.0).reshape(3, 4)), np.array([1, 2], dtype=">i4")])
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.random.default_rng(0).random((3, 4), dtype=np.float32),
+        np.array(5, dtype=np.int64),
+        np.zeros((0, 3)),
+        np.arange(10, dtype=np.uint8),
+        np.ones((2, 3, 4), dtype=np.float16),
+        np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        np.array([1, 2], dtype=">i4"),
+    ],
+)
 def test_fast_array_conversion_equals_flowers(value):
     """array_to_numpy reads the data in place of Flower's header parse: same values, dtype and
     shape for every kind of array (Fortran order and foreign byte order fall back to Flower)."""
@@ -203,7 +252,7 @@ def test_fast_array_conversion_equals_flowers(value):
     array = Array(value)
     got, want = array_to_numpy(array), array.numpy()
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
-    got[...] = 0 if got.size else got          # a writable copy, not a view of the message
+    got[...] = 0 if got.size else got  # a writable copy, not a view of the message
 
 
 def test_overhead_split_and_floor_app_are_valid(tmp_path):
@@ -214,11 +263,19 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
 
     from feddb.overhead import FLOOR_APP, FLOOR_PYPROJECT, split
 
-    rec = {"round_seconds": 1.0, "clients": [{"setup_seconds": 0.1, "train_seconds": 0.4,
-                                               "reply_seconds": 0.05}] * 4,
-           "timing": {"configure": 0.01, "communicate": 0.3, "aggregate": 0.1, "evaluate": 0.5,
-                      "record_previous_round": 0.02, "checkpoint_previous_round": 0.03,
-                      "loss_check": 0.07}}            # a part of "aggregate"
+    rec = {
+        "round_seconds": 1.0,
+        "clients": [{"setup_seconds": 0.1, "train_seconds": 0.4, "reply_seconds": 0.05}] * 4,
+        "timing": {
+            "configure": 0.01,
+            "communicate": 0.3,
+            "aggregate": 0.1,
+            "evaluate": 0.5,
+            "record_previous_round": 0.02,
+            "checkpoint_previous_round": 0.03,
+            "loss_check": 0.07,
+        },
+    }  # a part of "aggregate"
     part = split([rec] * 4, workers=2)
     assert part["client_pass_critical"] == pytest.approx(0.8)
     assert part["overhead"] == pytest.approx(0.2)
@@ -238,7 +295,7 @@ def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
     assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)
     assert len(robust["update_norms"]) == 4 and len(robust["cosines"]) == 4
     with pytest.raises(SystemExit):
-        main(["--experiment", "paper/cifar10_dir0.3"])          # only with --aggregation
+        main(["--experiment", "paper/cifar10_dir0.3"])  # only with --aggregation
     with pytest.raises(SystemExit) as exit_:
         main(["--aggregation", "--experiment", "nope"])
     assert exit_.value.code == 2 and "unknown experiment 'nope'" in capsys.readouterr().err
