@@ -4,17 +4,26 @@ conf/sweeps/sweep/). The sweep has its own config root so that `dataset=`, `part
 `experiment=` are plain values here, not the training configuration's groups.
 
     feddb sweep -m sweep=mnist_miniature
+    feddb sweep --jobs auto -m sweep=mnist_miniature     # runs side by side, one per core
     feddb sweep -m row=fedavg,feddb seed=0,1,2 out=runs/mine run_config="num-server-rounds=20"
 
 A run whose directory holds a complete result (summary.json with every round) is skipped; one that
 was interrupted after a checkpoint is resumed from it; a failed run is recorded in
 <out>/sweep_status.jsonl and the sweep goes on. At the end the sweep lists what it ran, skipped and
 what failed (with the log of each failure) and exits 1 if anything failed.
+
+`--jobs N` runs N combinations at once through Hydra's joblib launcher plugin (each in its own
+process, with its own in-process engine or SuperLink, FLWR_HOME and ports); each gets
+cores / N CPU threads, so N runs do not oversubscribe the machine. `--jobs auto`: one run per
+core on a CPU-only machine, at most 4 sharing a GPU. A run's result does not depend on N
+(tests/test_sweep_and_report.py runs the same sweep with 1 and 2 jobs).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -90,7 +99,9 @@ def run_one(cfg: Any) -> dict[str, Any]:
     log = run_dir.parent / f"s{cfg.seed}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        code = subprocess.call(cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT, env=run_env(run_dir)
+        )
     record.update(seconds=time.perf_counter() - t0, log=str(log), exit=code)
     ok = code == 0 and complete(run_dir)
     return {
@@ -98,6 +109,55 @@ def run_one(cfg: Any) -> dict[str, Any]:
         "status": "done" if ok else "failed",
         **({} if ok else {"reason": f"exit {code}, see {log}"}),
     }
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def gpu_present() -> bool:
+    """An NVIDIA GPU on this machine (without importing torch in the sweep's process)."""
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def auto_jobs() -> int:
+    """One run per core on a CPU (one thread each: two single-thread runs on 2 cores did twice
+    the work of one two-thread run); with a GPU, at most 4 runs share it."""
+    return min(cores(), 4) if gpu_present() else cores()
+
+
+def run_env(run_dir: Path) -> dict[str, str]:
+    """A run's environment under `--jobs N` (FEDDB_SWEEP_JOBS): its share of the CPU threads,
+    unless the user set them, and an FLWR_HOME of its own (runs through `flwr run` each keep
+    their own SuperLink)."""
+    env = dict(os.environ)
+    jobs = int(env.get("FEDDB_SWEEP_JOBS", "1"))
+    if jobs > 1:
+        threads = str(max(1, cores() // jobs))
+        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(key, threads)
+        env.setdefault("FLWR_HOME", str(run_dir.parent / f".flwr-home-{os.getpid()}"))
+    return env
+
+
+def split_jobs(argv: list[str]) -> tuple[int, list[str]]:
+    """`--jobs N|auto` (or `--jobs=N`) taken out of the command line; the rest goes to Hydra."""
+    jobs, rest, i = "1", [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--jobs" and i + 1 < len(argv):
+            jobs, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--jobs="):
+            jobs = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    if jobs == "auto":
+        return auto_jobs(), rest
+    if not jobs.isdigit() or int(jobs) < 1:
+        raise SystemExit(f"feddb sweep: --jobs takes a number >= 1 or auto, not '{jobs}'")
+    return int(jobs), rest
 
 
 PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0}
@@ -130,13 +190,15 @@ def job(cfg: Any) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / STATUS, "a") as f:
         f.write(json.dumps(record) + "\n")
-    PROGRESS["done"] += 1
-    PROGRESS["ran"] += record["status"] != "skipped"
-    done, total = PROGRESS["done"], PROGRESS["total"]
+    # counted from the status file: under --jobs the jobs run in worker processes
+    start = float(os.environ.get("FEDDB_SWEEP_START", PROGRESS["start"]))
+    total = int(os.environ.get("FEDDB_SWEEP_TOTAL", PROGRESS["total"]))
+    lines = (out / STATUS).read_text().splitlines()
+    mine = [r for r in map(json.loads, lines) if r["time"] >= start]
+    done, ran = len(mine), sum(r["status"] != "skipped" for r in mine)
     progress = f"{done}/{total}" if total else f"{done}"
-    if total and PROGRESS["ran"]:
-        spent = time.time() - PROGRESS["start"]
-        progress += f", eta {eta(spent / PROGRESS['ran'] * (total - done))}"
+    if total and ran:
+        progress += f", eta {eta((time.time() - start) / ran * (total - done))}"
     print(
         f"[sweep] {progress:>16s}  {record['status']:7s} {record['row']} "
         f"{record['dataset']}_{record['partition']} seed {record['seed']}"
@@ -162,6 +224,9 @@ class SweepSummary(Callback):
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
         PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start)
+        # inherited by the worker processes of --jobs (started after this)
+        os.environ["FEDDB_SWEEP_START"] = str(self.start)
+        os.environ["FEDDB_SWEEP_TOTAL"] = str(PROGRESS["total"])
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         file = Path(str(config.out)).resolve() / STATUS
@@ -188,6 +253,11 @@ class SweepSummary(Callback):
 def main() -> None:
     import hydra
 
+    jobs, sys.argv[1:] = split_jobs(sys.argv[1:])
+    os.environ["FEDDB_SWEEP_JOBS"] = str(jobs)
+    if jobs > 1:  # Hydra's joblib launcher plugin: N jobs at once, each in a worker process
+        sys.argv[1:] = [*sys.argv[1:], "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+        print(f"[sweep] {jobs} runs at once, {max(1, cores() // jobs)} CPU thread(s) each")
     sys.path.insert(0, str(PROJECT))
     hydra.main(
         config_path=str(PROJECT / "conf" / "sweeps"), config_name="config", version_base=None

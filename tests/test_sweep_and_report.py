@@ -291,3 +291,99 @@ def test_the_claims_presets_run_known_rows_in_whole_seeds(preset):
     for part in params["partition"].split(","):
         compose([f"experiment={cfg.experiment}", f"partition={part}"])  # valid configurations
     assert cfg.out == f"runs/claims/{preset.split('_')[1]}"
+
+
+SLOW_STUB = '''"""Stands in for the launcher: a complete run that takes a second, with its thread count."""
+import json, os, pathlib, shlex, sys, time
+rc = dict(kv.split("=", 1) for kv in shlex.split(sys.argv[sys.argv.index("--run-config") + 1]))
+out = pathlib.Path(rc["output-dir"])
+out.mkdir(parents=True, exist_ok=True)
+start = time.time()
+time.sleep(1.5)
+(out / "config.yaml").write_text("num_rounds: 2\\n")
+(out / "summary.json").write_text(json.dumps({"rounds": 2}))
+(out / "span.json").write_text(json.dumps({"start": start, "end": time.time(),
+                                           "threads": os.environ.get("OMP_NUM_THREADS")}))
+'''
+
+
+def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path, monkeypatch):
+    from feddb import sweep as sweep_module
+
+    stub = tmp_path / "stub.py"
+    stub.write_text(SLOW_STUB)
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    }
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feddb.sweep",
+            "--jobs",
+            "2",
+            "-m",
+            "row=fedavg,feddb",
+            f"out={tmp_path / 'out'}",
+            f"launcher=[python,{stub}]",
+        ],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 combinations: 2 run, 0 already complete, 0 failed" in res.stdout
+    root = tmp_path / "out" / "mnist10k_dir0.3"
+    spans = [
+        json.loads((root / row / "s0" / "span.json").read_text()) for row in ("fedavg", "feddb")
+    ]
+    assert max(s["start"] for s in spans) < min(s["end"] for s in spans)  # they overlapped
+    share = str(max(1, sweep_module.cores() // 2))
+    assert all(s["threads"] == share for s in spans)
+    assert sweep_module.split_jobs(["--jobs=3", "-m", "seed=0,1"]) == (3, ["-m", "seed=0,1"])
+    assert sweep_module.split_jobs(["--jobs", "auto"])[0] == sweep_module.auto_jobs() >= 1
+    with pytest.raises(SystemExit, match="--jobs takes a number >= 1 or auto, not '0'"):
+        sweep_module.split_jobs(["--jobs", "0"])
+
+
+@pytest.mark.slow
+def test_a_sweeps_results_do_not_depend_on_how_many_run_at_once(tmp_path):
+    """The real in-process runs, one at a time and two at once, one thread each: the same
+    metrics.jsonl (a run's arithmetic depends on its thread count, not on its neighbours)."""
+    import os
+
+    from localgrid import metrics_without_timing
+
+    def run(jobs):
+        out = tmp_path / f"jobs{jobs}"
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "feddb.sweep",
+                "--jobs",
+                str(jobs),
+                "-m",
+                "row=fixmatch,feddb",
+                f"out={out}",
+                "launcher=[python,-m,feddb.inprocess]",
+                "run_config='num-server-rounds=2'",
+            ],
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        )
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        return {
+            row: metrics_without_timing(out / "mnist10k_dir0.3" / row / "s0")
+            for row in ("fixmatch", "feddb")
+        }
+
+    one, two = run(1), run(2)
+    assert one == two and len(one["feddb"]) == 2
