@@ -285,58 +285,40 @@ def _each(cfg: dict[str, Any], paths: tuple[str, ...], rule: Rule, how: dict[str
     return values[0] if len(values) == 1 else values
 
 
-def integer(
+def _bounded(
+    kind: str,
     cfg: dict[str, Any],
-    *paths: str,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-    **how: Any,
+    paths: tuple[str, ...],
+    how: dict[str, Any],
+    listed: bool = False,
 ) -> Any:
-    return _each(cfg, paths, Rule("integer", Bounds(low, high, open_low, open_high)), how)
+    """`kind` within Bounds(low, high, open_low, open_high) taken from `how`; `listed`: a list of
+    them (`nonempty` too)."""
+    bounds = Bounds(**{k: how.pop(k) for k in ("low", "high", "open_low", "open_high") if k in how})
+    rule = Rule(kind, bounds)
+    if listed:
+        rule = Rule("list", item=rule, nonempty=how.pop("nonempty", False))
+    return _each(cfg, paths, rule, how)
 
 
-def number(
-    cfg: dict[str, Any],
-    *paths: str,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-    **how: Any,
-) -> Any:
-    return _each(cfg, paths, Rule("number", Bounds(low, high, open_low, open_high)), how)
+def integer(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
+    """An integer (not a bool) within the bounds (low, high, open_low, open_high)."""
+    return _bounded("integer", cfg, paths, how)
 
 
-def integers(
-    cfg: dict[str, Any],
-    *paths: str,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-    nonempty: bool = False,
-    **how: Any,
-) -> Any:
+def number(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
+    """A finite number within the bounds (low, high, open_low, open_high)."""
+    return _bounded("number", cfg, paths, how)
+
+
+def integers(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
     """A list of integers, each within the bounds."""
-    item = Rule("integer", Bounds(low, high, open_low, open_high))
-    return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
+    return _bounded("integer", cfg, paths, how, listed=True)
 
 
-def numbers(
-    cfg: dict[str, Any],
-    *paths: str,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-    nonempty: bool = False,
-    **how: Any,
-) -> Any:
+def numbers(cfg: dict[str, Any], *paths: str, **how: Any) -> Any:
     """A list of numbers, each within the bounds."""
-    item = Rule("number", Bounds(low, high, open_low, open_high))
-    return _each(cfg, paths, Rule("list", item=item, nonempty=nonempty), how)
+    return _bounded("number", cfg, paths, how, listed=True)
 
 
 def choice(cfg: dict[str, Any], path: str, options: Iterable[Any], **how: Any) -> Any:
