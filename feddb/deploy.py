@@ -35,7 +35,7 @@ def make_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Path]:
     from cryptography.x509.oid import NameOID
 
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

@@ -22,10 +22,9 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
-
-import tomllib
 
 from .resources import RayHead, free_port, mps, ray_head
 

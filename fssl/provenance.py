@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ def provenance(device: str) -> dict[str, Any]:
     return {
         "commit": commit,
         "dirty": dirty,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "hardware": f"{cpu}, {os.cpu_count()} cores",
         "device": device,
         "python": platform.python_version(),
