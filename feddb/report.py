@@ -14,7 +14,10 @@ the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
   commit and run-config (what `feddb reproduce` re-runs);
 - when the runs span several server strategies (`strategy=`): strategies × the clients' methods,
   final accuracy and paired differences from Flower's FedAvg, and strategies.png;
-- convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png.
+- convergence.png, class_accuracy.png, pseudo_labels.png, js_divergence.png, dma_weights.png;
+- label_distribution_<dataset>_<partition>.png: per setting, the class counts of each client's
+  labeled and unlabeled data, copied from the setting's first seed's run (every method of a seed
+  shares its partition).
 Each method keeps one colour in every figure (X-FedDPL: the light shade of X's, dashed).
 """
 
@@ -24,6 +27,8 @@ import argparse
 import csv
 import json
 import math
+import re
+import shutil
 import sys
 import warnings
 from collections import defaultdict
@@ -33,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fssl.partition import label_figure_title, plot_label_distribution
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
 
@@ -863,6 +869,48 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
+LABEL_FIGURE = "label_distribution.png"  # written with each run by fssl.partition.save_partition
+
+
+def setting_slug(cfg: dict[str, Any]) -> str:
+    """A setting as a file name: 'cifar10_iid', 'mnist10k_dir0.3'."""
+    p = cfg["partition"]
+    part = "iid" if p["mode"] == "iid" else f"dir{p['delta']}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg['dataset']['name']}_{part}")
+
+
+def label_distributions(runs: list[dict[str, Any]], out: Path) -> dict[str, str]:
+    """Per setting, its first seed's label-distribution figure copied into `out` as
+    label_distribution_<setting>.png (drawn from partition_summary.json for a run from before
+    the figure; a setting with neither has none). Returns file name -> caption."""
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[r["setting"]].append(r)
+    captions = {}
+    for sett in setting_order(by):
+        for r in sorted(by[sett], key=lambda r: (r["seed"], str(r["dir"]))):
+            dst = out / f"label_distribution_{setting_slug(r['cfg'])}.png"
+            summary = r["dir"] / "partition_summary.json"
+            if (r["dir"] / LABEL_FIGURE).is_file():
+                shutil.copyfile(r["dir"] / LABEL_FIGURE, dst)
+            elif summary.is_file():
+                s = json.loads(summary.read_text())
+                plot_label_distribution(
+                    np.asarray(s["labeled"]),
+                    np.asarray(s["unlabeled"]),
+                    dst,
+                    label_figure_title(r["cfg"]),
+                )
+            else:
+                continue
+            captions[dst.name] = (
+                f"Class counts of each client's labeled and unlabeled data, {sett} "
+                f"(the partition of seed {r['seed']}, shared by every method of that seed)"
+            )
+            break
+    return captions
+
+
 CAPTIONS = {
     "convergence.png": "Test accuracy and the share of the most-predicted class per round",
     "class_accuracy.png": "Class-wise test accuracy of the final global model",
@@ -876,15 +924,20 @@ CAPTIONS = {
 }
 
 
-def embed(figs: list[Path]) -> str:
-    """Markdown that shows the figures written beside results.md."""
+def embed(figs: list[Path], captions: dict[str, str] | None = None) -> str:
+    """Markdown that shows the figures written beside results.md (`captions`: file name ->
+    caption, for figures that CAPTIONS does not name)."""
     lines = ["", "### Figures", ""]
     for p in figs:
         regime, _, figure = p.name.partition("_")  # the claims study's <regime>_<figure>
-        caption = CAPTIONS.get(p.name) or (
-            f"{regime} regime. {CAPTIONS[figure]}"
-            if figure in CAPTIONS
-            else p.stem.replace("_", " ")
+        caption = (
+            (captions or {}).get(p.name)
+            or CAPTIONS.get(p.name)
+            or (
+                f"{regime} regime. {CAPTIONS[figure]}"
+                if figure in CAPTIONS
+                else p.stem.replace("_", " ")
+            )
         )
         lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
     return "\n".join(lines)
@@ -911,7 +964,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = summarise(runs)
     figs = figures(runs, out)
-    text = markdown(runs, rows) + embed(figs)
+    labels = label_distributions(runs, out)
+    figs += [out / name for name in labels]
+    text = markdown(runs, rows) + embed(figs, labels)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
     from feddb.reproduce import write_runs

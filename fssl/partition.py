@@ -25,11 +25,8 @@ class Partition:
         return len(self.labeled)
 
     def histograms(self, y: np.ndarray) -> dict[str, list[list[int]]]:
-        k = self.num_classes
-        return {
-            "labeled": [np.bincount(y[i], minlength=k).tolist() for i in self.labeled],
-            "unlabeled": [np.bincount(y[i], minlength=k).tolist() for i in self.unlabeled],
-        }
+        labeled, unlabeled = label_counts(self, y)
+        return {"labeled": labeled.tolist(), "unlabeled": unlabeled.tolist()}
 
     def to_json(self) -> dict:
         return {
@@ -37,6 +34,26 @@ class Partition:
             "labeled": [i.tolist() for i in self.labeled],
             "unlabeled": [i.tolist() for i in self.unlabeled],
         }
+
+
+def label_counts(
+    part: Partition, labels: np.ndarray, num_classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per client, the number of images of each class in its labeled and in its unlabeled data:
+    two (clients, classes) integer arrays (the unlabeled counts include the client's own labeled
+    images, as its unlabeled set does)."""
+    k = part.num_classes if num_classes is None else num_classes
+
+    def counts(sets: list[np.ndarray]) -> np.ndarray:
+        out = np.zeros((len(sets), k), dtype=np.int64)
+        for m, idx in enumerate(sets):
+            c = np.bincount(labels[idx], minlength=k)
+            if len(c) > k:
+                raise ValueError(f"label {len(c) - 1} is outside the {k} classes")
+            out[m] = c
+        return out
+
+    return counts(part.labeled), counts(part.unlabeled)
 
 
 def balanced_labeled_split(
@@ -175,9 +192,121 @@ def summary_table(part: Partition, y: np.ndarray) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_partition(part: Partition, y: np.ndarray, run_dir: Path) -> None:
+def partition_name(cfg: dict | None) -> str:
+    """How a figure names a run's partition: 'IID', 'Dirichlet δ=0.3', with the long-tailed
+    unlabeled pool's ratio when there is one; '' without a configuration."""
+    p = (cfg or {}).get("partition")
+    if not p:
+        return ""
+    name = "IID" if p["mode"] == "iid" else f"Dirichlet δ={p['delta']}"
+    if p.get("imbalance_ratio") is not None:
+        name += f", unlabeled pool long-tailed {p['imbalance_ratio']}:1"
+    return name
+
+
+def label_figure_title(cfg: dict | None) -> str:
+    """The dataset and partition that the label-distribution figure's titles name."""
+    dataset = ((cfg or {}).get("dataset") or {}).get("name")
+    return ", ".join(t for t in (dataset, partition_name(cfg)) if t)
+
+
+LABEL_FIGURE_DPI = 100
+
+
+def label_figure_size(num_clients: int) -> tuple[float, float]:
+    """Width and height (inches) of the label-distribution figure: wider with more clients, up
+    to 100 clients at about a tenth of an inch each."""
+    return min(16.0, max(8.0, 5.0 + 0.11 * num_clients)), 6.5
+
+
+def plot_label_distribution(
+    labeled: np.ndarray, unlabeled: np.ndarray, path: Path, title: str = ""
+) -> Path:
+    """Two panels, labeled data above and unlabeled below: per client (x axis) a bar stacked by
+    class, one colour per class (a legend up to 20 classes, a colour bar beyond), no per-bar
+    labels. `labeled`, `unlabeled`: (clients, classes) counts, as label_counts returns them. Each
+    panel's bars are one polygon collection and Agg draws the figure without pyplot, so that 100
+    clients of 100 classes take a fraction of a second and no global matplotlib state changes."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    num_clients, k = labeled.shape
+    # classes 0..k-1 take tab10's (or tab20's) first k colours; more classes a sampled turbo
+    cmap = (
+        ListedColormap(colormaps["tab10" if k <= 10 else "tab20"].colors[:k])
+        if k <= 20
+        else colormaps["turbo"].resampled(k)
+    )
+    colours = [cmap(c) for c in range(k)]
+    width, height = label_figure_size(num_clients)
+    fig = Figure(figsize=(width, height), dpi=LABEL_FIGURE_DPI)
+    FigureCanvasAgg(fig)
+    # fixed margins in inches (a layout engine would double the drawing time): the legend or
+    # colour bar on the right
+    axes = fig.subplots(2, 1, sharex=True)
+    right = 1 - 1.3 / width
+    fig.subplots_adjust(left=0.8 / width, right=right, bottom=0.6 / height, top=1 - 0.4 / height)
+    fig.subplots_adjust(hspace=0.9 / (height / 2 - 0.5))
+    x = np.arange(num_clients, dtype=float)
+    x0, x1 = x - 0.4, x + 0.4
+    suffix = f": {title}" if title else ""
+    for ax, counts, what in (
+        (axes[0], labeled, "Labeled images per client"),
+        (axes[1], unlabeled, "Unlabeled images per client (own labeled included)"),
+    ):
+        # one rectangle per non-empty (client, class) cell, all in one collection
+        top = np.cumsum(counts, axis=1)
+        client, cls = np.nonzero(counts)
+        lo, hi = (top - counts)[client, cls], top[client, cls]
+        a, b = x0[client], x1[client]
+        verts = np.stack([np.stack(v, 1) for v in ((a, lo), (a, hi), (b, hi), (b, lo))], 1)
+        ax.add_collection(
+            PolyCollection(verts, facecolors=np.asarray(colours)[cls], edgecolors="none")
+        )
+        ax.set_xlim(-0.6, num_clients - 0.4)
+        ax.set_ylim(0, max(1, int(counts.sum(1).max())) * 1.03)
+        ax.set_ylabel("images")
+        ax.set_title(f"{what}{suffix}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[1].set_xlabel(f"client (0-{num_clients - 1})")
+    if num_clients <= 20:
+        axes[1].set_xticks(range(num_clients))
+    else:
+        axes[1].xaxis.set_major_locator(MaxNLocator(nbins=20, integer=True))
+    if k <= 20:
+        fig.legend(
+            handles=[Patch(color=colours[c], label=str(c)) for c in range(k)],
+            title="class",
+            loc="center left",
+            bbox_to_anchor=(right + 0.15 / width, 0.5),
+            fontsize=8,
+            frameon=False,
+        )
+    else:
+        norm = BoundaryNorm(np.arange(k + 1) - 0.5, k)
+        cax = fig.add_axes((right + 0.25 / width, 0.15, 0.2 / width, 0.7))
+        bar = fig.colorbar(ScalarMappable(norm, cmap), cax=cax, label="class")
+        bar.locator = MaxNLocator(nbins=10, integer=True)
+        bar.minorticks_off()
+        bar.update_ticks()
+    fig.savefig(path)
+    return path
+
+
+def save_partition(part: Partition, y: np.ndarray, run_dir: Path, cfg: dict | None = None) -> None:
+    """partition.json (the indices), partition_summary.json/.txt (class counts per client) and
+    label_distribution.png (the counts as a figure; `cfg`, the run's configuration, names the
+    dataset and partition in its titles)."""
     (run_dir / "partition.json").write_text(json.dumps(part.to_json()))
-    hist = part.histograms(y)
+    labeled, unlabeled = label_counts(part, y)
+    hist = {"labeled": labeled.tolist(), "unlabeled": unlabeled.tolist()}
     summary = {
         "num_clients": part.num_clients,
         "num_classes": part.num_classes,
@@ -187,3 +316,6 @@ def save_partition(part: Partition, y: np.ndarray, run_dir: Path) -> None:
     }
     (run_dir / "partition_summary.json").write_text(json.dumps(summary))
     (run_dir / "partition_summary.txt").write_text(summary_table(part, y))
+    plot_label_distribution(
+        labeled, unlabeled, run_dir / "label_distribution.png", label_figure_title(cfg)
+    )

@@ -177,7 +177,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg["data_meta"] = data_meta(ds)
     part = partition_for(cfg)
     if resume_dir is None:
-        save_partition(part, ds.y_train, run_dir)
+        save_partition(part, ds.y_train, run_dir, cfg)
     timeline.mark("data_ready")
     node_of = bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"], timeline)
     timeline.mark("nodes_bound")
