@@ -103,7 +103,12 @@ DATASETS = {"cifar10": "CIFAR10", "svhn": "SVHN", "cifar100": "CIFAR100", "mnist
 
 
 def partition_label(cfg: dict[str, Any]) -> str:
+    """'IID', 'δ=0.3', or a Flower Datasets partitioner with its parameters, without spaces:
+    'Pathological(num_classes_per_partition=2)'."""
     p = cfg["partition"]
+    if p["mode"] == "flwr":
+        params = ",".join(f"{k}={v}" for k, v in (p.get("params") or {}).items())
+        return f"{p['partitioner'].removesuffix('Partitioner')}({params})".replace(" ", "")
     return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
 
 
@@ -111,9 +116,13 @@ def setting(cfg: dict[str, Any]) -> str:
     return f"{cfg['dataset']['name']} {partition_label(cfg)}"
 
 
-def partition_rank(part: str) -> tuple[int, float]:
-    """The paper's order: IID, then decreasing delta."""
-    return (0, 0.0) if part == "IID" else (1, -float(part[2:]))
+def partition_rank(part: str) -> tuple[int, float, str]:
+    """The paper's order: IID, then decreasing delta, then Flower Datasets' partitioners by name."""
+    if part == "IID":
+        return 0, 0.0, ""
+    if part.startswith("δ="):
+        return 1, -float(part[2:]), ""
+    return 2, 0.0, part
 
 
 def dataset_rank(name: str) -> tuple[int, str]:
@@ -875,7 +884,7 @@ LABEL_FIGURE = "label_distribution.png"  # written with each run by fssl.partiti
 def setting_slug(cfg: dict[str, Any]) -> str:
     """A setting as a file name: 'cifar10_iid', 'mnist10k_dir0.3'."""
     p = cfg["partition"]
-    part = "iid" if p["mode"] == "iid" else f"dir{p['delta']}"
+    part = {"iid": "iid", "flwr": partition_label(cfg)}.get(p["mode"], f"dir{p['delta']}")
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg['dataset']['name']}_{part}")
 
 

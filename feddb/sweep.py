@@ -65,6 +65,26 @@ def complete(run_dir: Path) -> bool:
     return summary.get("rounds") == rounds
 
 
+def join_overrides(row: str, extra: str) -> tuple[str, str]:
+    """A row's run-config and the sweep's `run_config` with one `overrides` key between them:
+    Flower refuses a key given twice, and a row may bring overrides of its own (fixmatch-uniform).
+    The sweep's follow the row's (the later wins on a common key), e.g.
+    `run_config="overrides='logging.mlflow=runs/mlflow logging.group=mine'"`, which groups the
+    sweep's tracked runs. Anything that does not parse is left to the launcher to report."""
+    if "overrides" not in row or "overrides" not in extra:
+        return row, extra
+    try:
+        from feddb.launch import format_run_config, parse_run_config
+
+        theirs, ours = parse_run_config(row), parse_run_config(extra)
+    except Exception:  # noqa: BLE001 - the launcher says what is wrong with it
+        return row, extra
+    if "overrides" not in theirs or "overrides" not in ours:
+        return row, extra
+    ours["overrides"] = f"{theirs.pop('overrides')} {ours['overrides']}"
+    return format_run_config(theirs), format_run_config(ours)
+
+
 def run_one(cfg: Any) -> dict[str, Any]:
     """Run (or skip, or resume) one combination; returns its status record."""
     known = rows()
@@ -88,10 +108,10 @@ def run_one(cfg: Any) -> dict[str, Any]:
     if (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
+        row, extra = join_overrides(known[cfg.row], str(cfg.run_config))
         run_config = (
-            f"{known[cfg.row]} dataset='{cfg.dataset}' partition='{cfg.partition}' "
-            f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' "
-            f"{cfg.run_config}"
+            f"{row} dataset='{cfg.dataset}' partition='{cfg.partition}' "
+            f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' {extra}"
         )
     launcher = [sys.executable if a == "python" else str(a) for a in cfg.launcher]
     cmd = [*launcher, "--run-config", run_config, *str(cfg.launcher_args).split()]

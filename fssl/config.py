@@ -428,10 +428,13 @@ def validate(cfg: dict[str, Any]) -> None:
     number(cfg, "dp.clipping_norm", low=0, open_low=True)
     number(cfg, "dp.target_quantile", low=0, high=1, open_low=True, open_high=True)
 
-    if choice(cfg, "partition.mode", ("iid", "dirichlet")) == "dirichlet":
+    mode = choice(cfg, "partition.mode", ("iid", "dirichlet", "flwr"))
+    if mode == "dirichlet":
         number(
             cfg, "partition.delta", low=0, open_low=True, note="(the Dirichlet concentration delta)"
         )
+    if mode == "flwr":
+        check_flower_partitioner(cfg)
     number(
         cfg,
         "partition.imbalance_ratio",
@@ -468,10 +471,34 @@ def validate(cfg: dict[str, Any]) -> None:
     check_method(cfg["method"])
 
     boolean(cfg, "logging.tensorboard")
+    path_string(
+        cfg,
+        "logging.mlflow",
+        default=None,
+        nullable="off",
+        note="(an MLflow tracking URI such as sqlite:///runs/mlflow.db, or a directory)",
+    )
+    boolean(cfg, "logging.wandb", default=False, note="(Weights & Biases, offline)")
+    path_string(cfg, "logging.wandb_dir", default=None, nullable="the run directory")
+    path_string(cfg, "logging.group", default="", note='(the name of a group of runs; "": feddb)')
     integer(cfg, "checkpoint.every", low=0)
     integer(cfg, "eval.every", low=1, default=1, note="(1: evaluate every round)")
     integer(cfg, "eval.batch_size", low=1)
     integer(cfg, "eval.threads", low=1, default="auto", also=("auto",))
+
+
+def check_flower_partitioner(cfg: dict[str, Any]) -> None:
+    """partition.partitioner is one of Flower Datasets' label partitioners and it can be built with
+    partition.params (it is built here, so a bad value stops the run before any data is read)."""
+    from .partition import FLOWER_PARTITIONERS, check_partitioner
+
+    name = choice(cfg, "partition.partitioner", FLOWER_PARTITIONERS)
+    params = mapping(cfg, "partition.params", default={}, nullable="no parameters") or {}
+    clients = cfg["fl"]["num_clients"]
+    try:
+        check_partitioner(name, dict(params), clients, cfg["seed"])
+    except ValueError as err:
+        raise ConfigError(f"partition.params: {err}") from err
 
 
 # The defences server.robust.scope places, as (config path, what it is), in the order they act.

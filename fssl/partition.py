@@ -1,6 +1,12 @@
 """The paper's partition (section 5.1): a class-balanced labeled split, the rest unlabeled, each pool
 spread over M clients (IID or Dirichlet(delta) per class, independent draws), and each client's own
 labeled images added, labels removed, to its unlabeled set.
+
+`partition.mode: flwr` spreads the images with one of Flower Datasets' partitioners instead
+(`partition.partitioner`, its keyword arguments in `partition.params`): the same labeled split is
+drawn first, the partitioner then divides the whole training set (labeled and unlabeled pools
+together) among the clients, and each client's labeled set is what it received of the labeled
+pool. Flower Datasets is Flower's data library, not its framework: it is imported only then.
 """
 
 from __future__ import annotations
@@ -160,8 +166,123 @@ def make_partition(
     return Partition(labeled, unlabeled, num_classes)
 
 
+# Flower Datasets' horizontal partitioners that need nothing but the labels: what this project
+# fills in for each (the rest come from partition.params)
+FLOWER_PARTITIONERS = (
+    "IidPartitioner",
+    "DirichletPartitioner",
+    "InnerDirichletPartitioner",
+    "PathologicalPartitioner",
+    "ShardPartitioner",
+    "LinearPartitioner",
+    "SquarePartitioner",
+    "ExponentialPartitioner",
+    "SizePartitioner",
+)
+
+
+def flower_partitioner(name: str, params: dict, num_clients: int, num_images: int, seed: int):
+    """The named Flower Datasets partitioner, built with `params` plus what the run decides:
+    num_partitions (fl.num_clients), partition_by ("label"), seed, and equal partition_sizes when
+    the partitioner needs sizes and none are given. Raises ValueError naming the partitioner."""
+    import inspect
+
+    import flwr_datasets.partitioner as fp
+
+    if name not in FLOWER_PARTITIONERS:
+        raise ValueError(
+            f"partition.partitioner '{name}' is not one of Flower Datasets' partitioners that "
+            f"work on labels alone: {', '.join(FLOWER_PARTITIONERS)}"
+        )
+    cls = getattr(fp, name)
+    accepted = inspect.signature(cls.__init__).parameters
+    ours = {"num_partitions": num_clients, "partition_by": "label", "seed": seed}
+    if "partition_sizes" in accepted and "partition_sizes" not in params:
+        ours["partition_sizes"] = [
+            len(c) for c in np.array_split(np.arange(num_images), num_clients)
+        ]
+    unknown = sorted(set(params) - set(accepted) - {"self"})
+    if unknown:
+        raise ValueError(
+            f"partition.params {unknown} are not parameters of {name}: it takes "
+            f"{', '.join(k for k in accepted if k not in ('self', *ours))}"
+        )
+    kwargs = {k: v for k, v in ours.items() if k in accepted} | dict(params)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}({kwargs}) cannot be built: {err}") from err
+
+
+def check_partitioner(name: str, params: dict, num_clients: int, seed: int) -> None:
+    """Build the partitioner and partition 100 images per client of 10 balanced classes with it:
+    a bad name or parameter raises ValueError naming it before any data is read (some
+    partitioners check their parameters only when they partition)."""
+    from datasets import Dataset
+
+    labels = np.arange(100 * num_clients) % 10
+    partitioner = flower_partitioner(name, params, num_clients, len(labels), seed)
+    partitioner.dataset = Dataset.from_dict({"label": labels})
+    try:
+        partitioner.load_partition(0)
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        raise ValueError(f"{name}({params}) cannot partition: {err}") from err
+
+
+def flower_partition(
+    y: np.ndarray,
+    num_classes: int,
+    num_labeled: int,
+    num_clients: int,
+    name: str,
+    params: dict,
+    seed: int,
+    imbalance_ratio: float | None = None,
+) -> Partition:
+    """The paper's labeled split, then a Flower Datasets partitioner over both pools together."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng([seed, 2024])
+    labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
+    if imbalance_ratio is not None:
+        unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    images = np.sort(np.concatenate([labeled_pool, unlabeled_pool]))
+    partitioner = flower_partitioner(name, params, num_clients, len(images), seed)
+    partitioner.dataset = Dataset.from_dict(
+        {"label": y[images].astype(np.int64), "index": images.astype(np.int64)}
+    )
+    is_labeled = np.isin(np.arange(len(y)), labeled_pool)
+    labeled, unlabeled = [], []
+    for m in range(num_clients):
+        try:
+            own = np.sort(np.asarray(partitioner.load_partition(m)["index"], dtype=np.int64))
+        except ValueError as err:
+            raise ValueError(f"{name} cannot partition this dataset: {err}") from err
+        labeled.append(own[is_labeled[own]])
+        unlabeled.append(own)  # its own labeled images included, as in the paper's partition
+    empty = [m for m, lab in enumerate(labeled) if len(lab) == 0]
+    if empty:
+        raise ValueError(
+            f"{name} left client(s) {empty[:5]} without a labeled image (dataset.num_labeled="
+            f"{num_labeled} over {num_clients} clients); raise dataset.num_labeled, use fewer "
+            "clients, or other partition.params"
+        )
+    return Partition(labeled, unlabeled, num_classes)
+
+
 def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
     p = cfg["partition"]
+    if p["mode"] == "flwr":
+        return flower_partition(
+            y,
+            num_classes,
+            cfg["dataset"]["num_labeled"],
+            cfg["fl"]["num_clients"],
+            p["partitioner"],
+            p.get("params") or {},
+            cfg["seed"],
+            p.get("imbalance_ratio"),
+        )
     return make_partition(
         y,
         num_classes,
@@ -192,13 +313,23 @@ def summary_table(part: Partition, y: np.ndarray) -> str:
     return "\n".join(lines) + "\n"
 
 
+def partition_label(p: dict) -> str:
+    """A partition in a run directory's name: dirichlet0.3, iid, or the Flower Datasets
+    partitioner's name."""
+    return p["partitioner"] if p["mode"] == "flwr" else f"{p['mode']}{p['delta'] or ''}"
+
+
 def partition_name(cfg: dict | None) -> str:
     """How a figure names a run's partition: 'IID', 'Dirichlet δ=0.3', with the long-tailed
     unlabeled pool's ratio when there is one; '' without a configuration."""
     p = (cfg or {}).get("partition")
     if not p:
         return ""
-    name = "IID" if p["mode"] == "iid" else f"Dirichlet δ={p['delta']}"
+    if p["mode"] == "flwr":
+        params = ", ".join(f"{k}={v}" for k, v in (p.get("params") or {}).items())
+        name = f"{p['partitioner']}({params})"
+    else:
+        name = "IID" if p["mode"] == "iid" else f"Dirichlet δ={p['delta']}"
     if p.get("imbalance_ratio") is not None:
         name += f", unlabeled pool long-tailed {p['imbalance_ratio']}:1"
     return name

@@ -21,7 +21,7 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope
 from fssl.methods import make_model
-from fssl.partition import save_partition
+from fssl.partition import partition_label, save_partition
 from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
 from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
@@ -43,7 +43,7 @@ class NodeError(RuntimeError):
 def run_dir_for(cfg: dict[str, Any]) -> Path:
     out = cfg["output_dir"] or (
         f"runs/{datetime.now():%Y%m%d-%H%M%S}_{cfg['method']['name']}_{cfg['dataset']['name']}_"
-        f"{cfg['partition']['mode']}{cfg['partition']['delta'] or ''}_s{cfg['seed']}"
+        f"{partition_label(cfg['partition'])}_s{cfg['seed']}"
     )
     path = Path(out).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
@@ -163,8 +163,7 @@ def main(grid: Grid, context: Context) -> None:
         (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg["device"]), indent=2))
     print(
         f"[feddb] method={cfg['method']['name']} dpl={cfg['dpl']} dma={cfg['dma']['enabled']} "
-        f"dataset={cfg['dataset']['name']} partition={cfg['partition']['mode']}"
-        f"{cfg['partition']['delta'] or ''} model={cfg['model']['name']} "
+        f"dataset={cfg['dataset']['name']} partition={partition_label(cfg['partition'])} model={cfg['model']['name']} "
         f"rounds={cfg['num_rounds']} run_dir={run_dir}",
         flush=True,
     )

@@ -1,5 +1,5 @@
 """Central evaluation (every `eval.every` rounds) and the run directory: metrics.jsonl, progress
-lines, summary."""
+lines, summary; TensorBoard, and MLflow / W&B when configured (tracking.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from fssl.metrics import class_accuracy, js_divergence, normalise, prediction_st
 from fssl.train import evaluate, to_nchw
 from strategy import RoundRecord
 from strategy.contract import arrays_to_torch
+
+from .tracking import Tracking
 
 # a round whose global model is not evaluated (eval.every > 1): its record has these as null
 NOT_EVALUATED = dict.fromkeys(
@@ -75,6 +77,7 @@ class RoundRecorder:
         self.t_start = self.t_last
         self.write_seconds = 0.0
         self.tb = None  # TensorBoard writer, opened at the first round written
+        self.tracking = Tracking(cfg, run_dir)  # MLflow, W&B: a run opened at the first round
         self.audit_models: queue.SimpleQueue[torch.nn.Module] = queue.SimpleQueue()
 
     def tensorboard(self, record: dict[str, Any]) -> None:
@@ -124,6 +127,10 @@ class RoundRecorder:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        # a run stopped before its last round ends its tracked runs here; a complete one at
+        # summary(), which the ServerApp calls after this
+        last = self.history[-1]["round"] if self.history else 0
+        self.tracking.close(complete=last >= self.cfg["num_rounds"])
 
     def evaluate(self, arrays: ArrayRecord) -> dict[str, Any]:
         """Test loss, accuracy, class-wise accuracy, collapse signal and calibration; validation
@@ -274,6 +281,7 @@ class RoundRecorder:
             f.write(json.dumps(_clean(record)) + "\n")
         self.history.append(record)
         self.tensorboard(record)
+        self.tracking.log_round(record, self.resumed_from)
         done_here = server_round - (self.resumed_from or 0)  # rounds run by this process
         elapsed = time.perf_counter() - self.t_start
         eta = elapsed / done_here * (self.cfg["num_rounds"] - server_round)
@@ -319,6 +327,7 @@ class RoundRecorder:
             "resumed_from_round": self.resumed_from,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+        self.tracking.finish(out)
         return out
 
 
