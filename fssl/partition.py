@@ -382,11 +382,12 @@ def plot_label_distribution(
     # colour bar on the right
     axes = fig.subplots(2, 1, sharex=True)
     right = 1 - 1.3 / width
-    fig.subplots_adjust(left=0.8 / width, right=right, bottom=0.6 / height, top=1 - 0.4 / height)
+    fig.subplots_adjust(left=0.8 / width, right=right, bottom=0.6 / height, top=1 - 0.7 / height)
     fig.subplots_adjust(hspace=0.9 / (height / 2 - 0.5))
     x = np.arange(num_clients, dtype=float)
     x0, x1 = x - 0.4, x + 0.4
-    suffix = f": {title}" if title else ""
+    if title:  # the setting once, above both panels (a panel's title is short: it fits)
+        fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     for ax, counts, what in (
         (axes[0], labeled, "Labeled images per client"),
         (axes[1], unlabeled, "Unlabeled images per client (own labeled included)"),
@@ -403,7 +404,7 @@ def plot_label_distribution(
         ax.set_xlim(-0.6, num_clients - 0.4)
         ax.set_ylim(0, max(1, int(counts.sum(1).max())) * 1.03)
         ax.set_ylabel("images")
-        ax.set_title(f"{what}{suffix}", fontsize=9)
+        ax.set_title(what, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     axes[1].set_xlabel(f"client (0-{num_clients - 1})")
