@@ -30,14 +30,16 @@ calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
 '''
 
 
-def sweep(tmp_path, *args):
+def sweep(tmp_path, *args, stub_text=STUB, jobs=1, env=None):
     stub = tmp_path / "stub.py"
-    stub.write_text(STUB)
+    stub.write_text(stub_text)
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "feddb.sweep",
+            "--jobs",
+            str(jobs),
             "-m",
             *args,
             f"out={tmp_path / 'out'}",
@@ -47,6 +49,7 @@ def sweep(tmp_path, *args):
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -307,34 +310,13 @@ time.sleep(1.5)
 '''
 
 
-def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path, monkeypatch):
+def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path):
+    import os
+
     from feddb import sweep as sweep_module
 
-    stub = tmp_path / "stub.py"
-    stub.write_text(SLOW_STUB)
-    env = {
-        k: v
-        for k, v in __import__("os").environ.items()
-        if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    }
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "feddb.sweep",
-            "--jobs",
-            "2",
-            "-m",
-            "row=fedavg,feddb",
-            f"out={tmp_path / 'out'}",
-            f"launcher=[python,{stub}]",
-        ],
-        cwd=PROJECT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    res = sweep(tmp_path, "row=fedavg,feddb", stub_text=SLOW_STUB, jobs=2, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 combinations: 2 run, 0 already complete, 0 failed" in res.stdout
     root = tmp_path / "out" / "mnist10k_dir0.3"
