@@ -48,7 +48,7 @@ def deferred(value: Any) -> Any:
 
 
 class RoundRecorder:
-    """`evaluate_fn` of Strategy.start: evaluates the global model (on the rounds `due`) and
+    """The round loop's `evaluate_fn` (server_app/rounds.py): evaluates the global model (on the rounds `due`) and
     appends one JSON line a round."""
 
     def __init__(
