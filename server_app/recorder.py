@@ -48,8 +48,8 @@ def deferred(value: Any) -> Any:
 
 
 class RoundRecorder:
-    """The round loop's `evaluate_fn` (server_app/rounds.py): evaluates the global model (on the rounds `due`) and
-    appends one JSON line a round."""
+    """The round loop's `evaluate_fn` (server_app/rounds.py): evaluates the global model (on the
+    rounds `due`) and appends one JSON line a round."""
 
     def __init__(
         self,
