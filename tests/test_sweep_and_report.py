@@ -30,7 +30,8 @@ calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
 '''
 
 
-def sweep(tmp_path, *args, stub_text=STUB, jobs=1, env=None):
+def sweep(tmp_path, *args, stub_text=STUB, jobs=1, env=None, out=None, launcher=None):
+    """`feddb sweep` over a stub launcher (or `launcher`), writing to `out` (tmp_path/out)."""
     stub = tmp_path / "stub.py"
     stub.write_text(stub_text)
     return subprocess.run(
@@ -42,13 +43,13 @@ def sweep(tmp_path, *args, stub_text=STUB, jobs=1, env=None):
             str(jobs),
             "-m",
             *args,
-            f"out={tmp_path / 'out'}",
-            f"launcher=[python,{stub}]",
+            f"out={out or tmp_path / 'out'}",
+            f"launcher={launcher or f'[python,{stub}]'}",
         ],
         cwd=PROJECT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env=env,
     )
 
@@ -342,23 +343,13 @@ def test_a_sweeps_results_do_not_depend_on_how_many_run_at_once(tmp_path):
 
     def run(jobs):
         out = tmp_path / f"jobs{jobs}"
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "feddb.sweep",
-                "--jobs",
-                str(jobs),
-                "-m",
-                "row=fixmatch,feddb",
-                f"out={out}",
-                "launcher=[python,-m,feddb.inprocess]",
-                "run_config='num-server-rounds=2'",
-            ],
-            cwd=PROJECT,
-            capture_output=True,
-            text=True,
-            timeout=600,
+        res = sweep(
+            tmp_path,
+            "row=fixmatch,feddb",
+            "run_config='num-server-rounds=2'",
+            jobs=jobs,
+            out=out,
+            launcher="[python,-m,feddb.inprocess]",
             env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
         )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
