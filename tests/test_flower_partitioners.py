@@ -64,22 +64,30 @@ def test_a_bad_partitioner_or_parameter_is_refused_before_training(overrides, ma
         resolve({"partition": "pathological2", "overrides": overrides})
 
 
-def test_a_run_on_the_pathological_split_completes_and_draws_its_labels(tmp_path):
+@pytest.mark.parametrize("name", FLOWER_PARTITIONERS)
+def test_a_run_with_each_partitioner_completes(tmp_path, name):
+    """The whole app on each partitioner's split, its clients on the null trainer (local_epochs=0:
+    the partition, the clients' data, the replies, DMA and the evaluation, no training)."""
     from localgrid import run_in_process
 
     out = tmp_path / "run"
+    params = " ".join(f"+partition.params.{k}={v}" for k, v in PARAMS.get(name, {}).items())
     run_in_process(
         {
-            "method": "fixmatch",
-            "partition": "pathological2",
             "num-server-rounds": 1,
             "output-dir": str(out),
-            "overrides": "fl.num_clients=5 fl.fraction_train=1.0 train.local_epochs=1",
+            "overrides": f"partition.mode=flwr +partition.partitioner={name} {params} "
+            "fl.num_clients=4 fl.fraction_train=0.5 train.local_epochs=0 dataset.num_labeled=200 "
+            "dataset.val_size=0 logging.tensorboard=false",
         },
-        5,
+        4,
     )
-    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert len(record["clients"]) == 5
+    record = json.loads((out / "metrics.jsonl").read_text())
+    assert record["round"] == 1 and len(record["clients"]) == 2
+    assert 0 <= record["test_accuracy"] <= 1
     hist = json.loads((out / "partition_summary.json").read_text())
-    assert all(sum(1 for v in h if v) == 2 for h in hist["unlabeled"])
+    saved = json.loads((out / "partition.json").read_text())
+    sizes = [len(u) for u in saved["unlabeled"]]
+    assert [sum(h) for h in hist["unlabeled"]] == sizes
+    assert all(c["num_unlabeled"] == sizes[c["partition_id"]] for c in record["clients"])
     assert (out / "label_distribution.png").stat().st_size > 0

@@ -211,11 +211,12 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
 
 @pytest.mark.slow
 def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
-    """Per-client messages with helper ArrayRecords, through Flower's serialisation and Ray."""
+    """Per-client messages with helper ArrayRecords, through Flower's serialisation and Ray, on a
+    Flower Datasets partition (two classes per client)."""
     out = tmp_path / "run"
     res = launch(
         tmp_path,
-        f"method='fedmatch' num-server-rounds=2 seed=3 output-dir='{out}' "
+        f"method='fedmatch' partition='pathological2' num-server-rounds=2 seed=3 output-dir='{out}' "
         f"overrides='{TINY} fl.fraction_train=1.0 method.helper_interval=2'",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -223,4 +224,6 @@ def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
     assert rounds[0]["helpers"] is None
     assert sorted(rounds[1]["helpers"]) == ["0", "1", "2", "3"]
     assert all(len(h) == 2 for h in rounds[1]["helpers"].values())
+    hist = json.loads((out / "partition_summary.json").read_text())
+    assert all(sum(1 for n in h if n) == 2 for h in hist["unlabeled"])
     assert not flower_pids(tmp_path / "flwr-home")
