@@ -16,7 +16,7 @@ from typing import Any
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PYPROJECT = CONF_DIR.parent / "pyproject.toml"
 
-GROUPS = ("method", "strategy", "dataset", "partition", "model", "experiment")
+GROUPS = ("method", "strategy", "dataset", "partition", "scenario", "model", "experiment")
 
 
 class ConfigError(ValueError):
@@ -444,6 +444,7 @@ def validate(cfg: dict[str, Any]) -> None:
         note="(largest over smallest class of the unlabeled pool)",
     )
     integer(cfg, "partition.min_size", low=1)
+    check_scenario(cfg)
 
     choice(cfg, "model.name", ("cnn", "wrn28_2"))
     choice(cfg, "model.norm", ("batchstat", "bn", "gn"))
@@ -485,6 +486,35 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "eval.every", low=1, default=1, note="(1: evaluate every round)")
     integer(cfg, "eval.batch_size", low=1)
     integer(cfg, "eval.threads", low=1, default="auto", also=("auto",))
+
+
+def check_scenario(cfg: dict[str, Any]) -> None:
+    """Where the labels live (conf/scenario/), and the settings that need labels where there are
+    none. Runs saved before scenarios existed are labels_at_clients."""
+    from .partition import SCENARIOS
+
+    if "scenario" not in cfg:
+        return
+    clients = cfg["fl"]["num_clients"]
+    name = choice(cfg, "scenario.name", SCENARIOS)
+    integer(cfg, "scenario.server_epochs", low=0, nullable="train.local_epochs", default=None)
+    if name == "labels_at_partial_clients":
+        integer(
+            cfg,
+            "scenario.labeled_clients",
+            low=1,
+            high=clients - 1,
+            note=f"(the clients that hold the labels; fl.num_clients={clients})",
+        )
+    if name == "labels_at_server":
+        number(
+            cfg,
+            "fl.fraction_evaluate",
+            low=0,
+            high=0,
+            note="in scenario labels_at_server (federated evaluation runs on the clients' "
+            "labels, and they hold none)",
+        )
 
 
 def check_flower_partitioner(cfg: dict[str, Any]) -> None:

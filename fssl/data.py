@@ -459,8 +459,10 @@ def read_client_file(path: str | Path, meta: dict[str, Any]) -> dict[str, np.nda
         ):
             raise DataError(f"{file}: y_{part} must be {len(x)} labels below {meta['num_classes']}")
         out[f"y_{part}"] = y.astype(np.int64)
-    if (out["y_labeled"] < 0).any() or len(out["y_labeled"]) == 0:
-        raise DataError(f"{file}: y_labeled must hold at least one label, all >= 0")
+    if (out["y_labeled"] < 0).any():
+        raise DataError(f"{file}: y_labeled must be labels >= 0")
+    if len(out["x_labeled"]) + len(out["x_unlabeled"]) == 0:  # no label: labels at the server
+        raise DataError(f"{file}: holds no image, labeled or unlabeled")
     return out
 
 

@@ -253,7 +253,10 @@ class FedMatchTrainer(LocalTrainer):
     def supervised_step(
         self, model: nn.Module, opt: SGD, data, lab_idx: torch.Tensor
     ) -> torch.Tensor:
-        """lambda_s * CE on labeled data; updates the sigma side only (psi frozen)."""
+        """lambda_s * CE on labeled data; updates the sigma side only (psi frozen). A client
+        without labels (labels at the server or at other clients) has no sigma step."""
+        if len(lab_idx) == 0:
+            return torch.zeros((), device=self.device)
         self._freeze(self.psi_side)
         ce = F.cross_entropy(
             self.forward(model, self.norm(self.view(data.x_l[lab_idx]))), data.y_l[lab_idx]

@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .config import choice, integer, number
+from .config import boolean, choice, integer, number
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +25,7 @@ def _no_parameters(m: dict[str, Any]) -> None:
 # `method` reads as null, which they refuse.
 def _check_semifl(m: dict[str, Any]) -> None:
     number({"method": m}, "method.mix_alpha", low=0, open_low=True, default=None)
+    boolean({"method": m}, "method.static_bn", default=False)
 
 
 def _check_fedmatch(m: dict[str, Any]) -> None:

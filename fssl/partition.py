@@ -2,6 +2,12 @@
 spread over M clients (IID or Dirichlet(delta) per class, independent draws), and each client's own
 labeled images added, labels removed, to its unlabeled set.
 
+`scenario` places the labeled split elsewhere (the three federated semi-supervised scenarios):
+labels_at_clients (the paper's, above), labels_at_server (the server holds the labeled split, the
+unlabeled pool is spread over the M clients, which hold no label) and labels_at_partial_clients (the
+labeled split is spread over the first L clients, which hold nothing else, and the unlabeled pool
+over the other M - L, which hold no label).
+
 `partition.mode: flwr` spreads the images with one of Flower Datasets' partitioners instead
 (`partition.partitioner`, its keyword arguments in `partition.params`): the same labeled split is
 drawn first, the partitioner then divides the whole training set (labeled and unlabeled pools
@@ -12,7 +18,8 @@ pool. Flower Datasets is Flower's data library, not its framework: it is importe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +27,15 @@ import numpy as np
 MAX_REDRAWS = 1000
 
 
+SCENARIOS = ("labels_at_clients", "labels_at_server", "labels_at_partial_clients")
+
+
 @dataclass
 class Partition:
     labeled: list[np.ndarray]  # per client: indices into the train set
     unlabeled: list[np.ndarray]  # per client: indices into the train set (own labeled included)
     num_classes: int
+    server: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # the server's labels
 
     @property
     def num_clients(self) -> int:
@@ -39,6 +50,7 @@ class Partition:
             "num_classes": self.num_classes,
             "labeled": [i.tolist() for i in self.labeled],
             "unlabeled": [i.tolist() for i in self.unlabeled],
+            "server": self.server.tolist(),
         }
 
 
@@ -153,17 +165,61 @@ def make_partition(
     seed: int,
     min_size: int = 1,
     imbalance_ratio: float | None = None,
+    scenario: str = "labels_at_clients",
+    labeled_clients: int | None = None,
 ) -> Partition:
     """`imbalance_ratio`: the unlabeled pool is long-tailed (long_tailed) before it is spread;
-    the labeled set and the test set stay balanced. Images left out are used by no client."""
+    the labeled set and the test set stay balanced. Images left out are used by no client.
+    `scenario`, `labeled_clients`: where the labeled split goes (the module's docstring)."""
     rng = np.random.default_rng([seed, 2024])
     labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
     if imbalance_ratio is not None:
         unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    if scenario != "labels_at_clients":
+        return place_labels(
+            scenario,
+            labeled_pool,
+            unlabeled_pool,
+            num_clients,
+            labeled_clients,
+            lambda pool, n: spread(pool, y, n, mode, delta, num_classes, rng, min_size),
+            num_classes,
+        )
     labeled = spread(labeled_pool, y, num_clients, mode, delta, num_classes, rng, min_size)
     unlabeled = spread(unlabeled_pool, y, num_clients, mode, delta, num_classes, rng, min_size)
     unlabeled = [np.sort(np.concatenate([u, l])) for u, l in zip(unlabeled, labeled)]
     return Partition(labeled, unlabeled, num_classes)
+
+
+def place_labels(
+    scenario: str,
+    labeled_pool: np.ndarray,
+    unlabeled_pool: np.ndarray,
+    num_clients: int,
+    labeled_clients: int | None,
+    spread_pool: Callable[[np.ndarray, int], list[np.ndarray]],
+    num_classes: int,
+) -> Partition:
+    """labels_at_server: the labeled pool is the server's, the unlabeled pool is spread over all
+    clients. labels_at_partial_clients: the labeled pool is spread over clients 0..L-1 (their
+    unlabeled set is their own labeled images, as everywhere: what APP-U is measured on), the
+    unlabeled pool over clients L..M-1. `spread_pool(pool, n)` spreads a pool over n clients."""
+    none = np.zeros(0, dtype=np.int64)
+    if scenario == "labels_at_server":
+        unlabeled = spread_pool(unlabeled_pool, num_clients)
+        return Partition([none] * num_clients, unlabeled, num_classes, server=labeled_pool)
+    if scenario != "labels_at_partial_clients":
+        raise ValueError(f"unknown scenario '{scenario}': choose one of {', '.join(SCENARIOS)}")
+    if labeled_clients is None or not 1 <= labeled_clients < num_clients:
+        raise ValueError(
+            f"labels_at_partial_clients needs 1 <= scenario.labeled_clients < fl.num_clients="
+            f"{num_clients}, not {labeled_clients}"
+        )
+    labeled = spread_pool(labeled_pool, labeled_clients)
+    unlabeled = spread_pool(unlabeled_pool, num_clients - labeled_clients)
+    return Partition(
+        labeled + [none] * (num_clients - labeled_clients), labeled + unlabeled, num_classes
+    )
 
 
 # Flower Datasets' horizontal partitioners that need nothing but the labels: what this project
@@ -238,26 +294,29 @@ def flower_partition(
     params: dict,
     seed: int,
     imbalance_ratio: float | None = None,
+    scenario: str = "labels_at_clients",
+    labeled_clients: int | None = None,
 ) -> Partition:
-    """The paper's labeled split, then a Flower Datasets partitioner over both pools together."""
-    from datasets import Dataset
-
+    """The paper's labeled split, then a Flower Datasets partitioner over both pools together
+    (labels_at_clients), or over each pool apart for the other scenarios (place_labels)."""
     rng = np.random.default_rng([seed, 2024])
     labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
     if imbalance_ratio is not None:
         unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    if scenario != "labels_at_clients":
+        return place_labels(
+            scenario,
+            labeled_pool,
+            unlabeled_pool,
+            num_clients,
+            labeled_clients,
+            lambda pool, n: flower_spread(pool, y, n, name, params, seed),
+            num_classes,
+        )
     images = np.sort(np.concatenate([labeled_pool, unlabeled_pool]))
-    partitioner = flower_partitioner(name, params, num_clients, len(images), seed)
-    partitioner.dataset = Dataset.from_dict(
-        {"label": y[images].astype(np.int64), "index": images.astype(np.int64)}
-    )
     is_labeled = np.isin(np.arange(len(y)), labeled_pool)
     labeled, unlabeled = [], []
-    for m in range(num_clients):
-        try:
-            own = np.sort(np.asarray(partitioner.load_partition(m)["index"], dtype=np.int64))
-        except ValueError as err:
-            raise ValueError(f"{name} cannot partition this dataset: {err}") from err
+    for own in flower_spread(images, y, num_clients, name, params, seed):
         labeled.append(own[is_labeled[own]])
         unlabeled.append(own)  # its own labeled images included, as in the paper's partition
     empty = [m for m, lab in enumerate(labeled) if len(lab) == 0]
@@ -270,8 +329,35 @@ def flower_partition(
     return Partition(labeled, unlabeled, num_classes)
 
 
+def flower_spread(
+    pool: np.ndarray, y: np.ndarray, n: int, name: str, params: dict, seed: int
+) -> list[np.ndarray]:
+    """The images `pool` divided among n clients by the named Flower Datasets partitioner."""
+    from datasets import Dataset
+
+    partitioner = flower_partitioner(name, params, n, len(pool), seed)
+    partitioner.dataset = Dataset.from_dict(
+        {"label": y[pool].astype(np.int64), "index": pool.astype(np.int64)}
+    )
+    out = []
+    for m in range(n):
+        try:
+            out.append(np.sort(np.asarray(partitioner.load_partition(m)["index"], dtype=np.int64)))
+        except ValueError as err:
+            raise ValueError(f"{name} cannot partition this dataset: {err}") from err
+    return out
+
+
+def scenario_of(cfg: dict) -> tuple[str, int | None]:
+    """The run's scenario and its number of labeled clients (runs saved before scenarios existed
+    are labels_at_clients)."""
+    sc = cfg.get("scenario") or {}
+    return sc.get("name", "labels_at_clients"), sc.get("labeled_clients")
+
+
 def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
     p = cfg["partition"]
+    scenario, labeled_clients = scenario_of(cfg)
     if p["mode"] == "flwr":
         return flower_partition(
             y,
@@ -282,6 +368,8 @@ def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
             p.get("params") or {},
             cfg["seed"],
             p.get("imbalance_ratio"),
+            scenario,
+            labeled_clients,
         )
     return make_partition(
         y,
@@ -293,6 +381,8 @@ def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
         cfg["seed"],
         p["min_size"],
         p.get("imbalance_ratio"),
+        scenario,
+        labeled_clients,
     )
 
 
@@ -310,6 +400,10 @@ def summary_table(part: Partition, y: np.ndarray) -> str:
             lab_s = f"{sum(1 for v in lab if v)} classes present"
             unl_s = f"{sum(1 for v in unl if v)} classes present"
         lines.append(f"{m:>6} {sum(lab):>6} {sum(unl):>6} | {lab_s} | {unl_s}")
+    if len(part.server):  # labels_at_server: the labeled split stays with the server
+        counts = np.bincount(y[part.server], minlength=k)
+        shown = " ".join(map(str, counts)) if k <= 20 else f"{int((counts > 0).sum())} classes"
+        lines.append(f"{'server':>6} {len(part.server):>6} {0:>6} | {shown} |")
     return "\n".join(lines) + "\n"
 
 
@@ -445,6 +539,7 @@ def save_partition(part: Partition, y: np.ndarray, run_dir: Path, cfg: dict | No
         "num_labeled": [len(i) for i in part.labeled],
         "num_unlabeled": [len(i) for i in part.unlabeled],
         **hist,
+        "server": np.bincount(y[part.server], minlength=part.num_classes).tolist(),
     }
     (run_dir / "partition_summary.json").write_text(json.dumps(summary))
     (run_dir / "partition_summary.txt").write_text(summary_table(part, y))

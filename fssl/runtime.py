@@ -41,6 +41,7 @@ def _data_key(cfg: dict) -> str:
     keys = {
         "dataset": cfg["dataset"],
         "partition": cfg["partition"],
+        "scenario": cfg.get("scenario"),
         "seed": cfg["seed"],
         "num_clients": cfg["fl"]["num_clients"],
     }
@@ -63,6 +64,7 @@ def _partition(key: str) -> Partition:
     full = {
         "dataset": cfg["dataset"],
         "partition": cfg["partition"],
+        "scenario": cfg["scenario"],
         "seed": cfg["seed"],
         "fl": {"num_clients": cfg["num_clients"]},
     }

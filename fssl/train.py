@@ -140,6 +140,12 @@ class LocalTrainer:
             out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
         return out
 
+    def labels_only(self, data: ClientData) -> bool:
+        """A labeled client of labels_at_partial_clients trains on its labels alone (it holds no
+        unlabeled image: its unlabeled set is its own labeled images)."""
+        scenario = (self.cfg.get("scenario") or {}).get("name", "labels_at_clients")
+        return scenario == "labels_at_partial_clients" and len(data.y_l) > 0
+
     # -- hooks -----------------------------------------------------------------------------
     def make_optimizer(self, model: nn.Module, lr: float) -> SGD:
         return SGD(
@@ -206,6 +212,8 @@ class LocalTrainer:
         loss (the instruction's `proximal-mu`; 0: none)."""
         t0 = time.perf_counter()
         self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
+        if self.labels_only(data):
+            self.lambda_u = 0.0
         opt = self.prepare(model, lr, seed, helpers, momentum)
         self.proximal_mu = float(proximal_mu)
         self.anchor = (
@@ -290,16 +298,20 @@ class LocalTrainer:
         unl_idx: torch.Tensor | None,
         prior: torch.Tensor,
     ) -> tuple[float, float]:
-        x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen))
+        n_l = len(lab_idx)  # 0: a client without labels (labels at the server or at others)
+        x_l = self.norm(augment.weak(data.x_l[lab_idx], self.flip, self.gen)) if n_l else None
         extra, n_extra, loss_u_fn = (
             self.unlabeled_batch(model, data, unl_idx, prior)
             if self.lambda_u > 0
             else (None, 0, None)
         )
-        x = torch.cat([x_l, extra]) if n_extra else x_l
+        zero = torch.zeros((), device=self.device)
+        if not n_l and not n_extra:  # nothing to learn from in this step
+            return zero, zero
+        x = extra if not n_l else torch.cat([x_l, extra]) if n_extra else x_l
         logits = self.forward(model, x)
-        loss_s = F.cross_entropy(logits[: len(x_l)], data.y_l[lab_idx])
-        loss_u = loss_u_fn(logits[len(x_l) :]) if loss_u_fn is not None else None
+        loss_s = F.cross_entropy(logits[:n_l], data.y_l[lab_idx]) if n_l else zero
+        loss_u = loss_u_fn(logits[n_l:]) if loss_u_fn is not None else None
         loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
         if self.proximal_mu > 0:
             loss = loss + self.proximal(model)
@@ -308,7 +320,6 @@ class LocalTrainer:
         if self.tr["grad_clip"] > 0:
             nn.utils.clip_grad_norm_(model.parameters(), self.tr["grad_clip"])
         opt.step()
-        zero = torch.zeros((), device=loss_s.device)
         return loss_s.detach(), (loss_u if loss_u is not None else zero).detach()
 
     def proximal(self, model: nn.Module) -> torch.Tensor:

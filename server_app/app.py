@@ -21,10 +21,11 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope
 from fssl.methods import make_model
-from fssl.partition import partition_label, save_partition
+from fssl.partition import partition_label, save_partition, scenario_of
 from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
 from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
+from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
 from strategy.contract import arrays_to_numpy, numpy_to_arrays, parse_node_info
@@ -205,7 +206,16 @@ def main(grid: Grid, context: Context) -> None:
     else:
         arrays, first_round = restore(run_dir, strategy, recorder)
         print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
-    loop = RoundLoop(strategy, grid)
+    server = ServerLabels(cfg, ds, part, device) if len(part.server) else None
+    if server is not None:
+        print(
+            f"[feddb] {scenario_of(cfg)[0]}: the server trains on its {server.size} labeled "
+            f"images every round ({strategy.server_step}"
+            + (", static BatchNorm" if server.static_bn else "")
+            + "); the clients hold unlabeled images only",
+            flush=True,
+        )
+    loop = RoundLoop(strategy, grid, server)
 
     def after_round(server_round: int, current: ArrayRecord) -> None:
         if not timeline.written:

@@ -1,6 +1,9 @@
 """The round loop: send a round's instructions, collect the replies, let the strategy aggregate,
 optionally evaluate on the clients, then hand the round's record to the recorder.
 
+Where the server holds labels (labels_at_server) it trains on them every round, after the
+aggregation or while the clients train, as the strategy says (fssl/server_train.py).
+
 Round t + 1's instructions go out before round t's global model is evaluated and checkpointed,
 so the server's own work overlaps the clients' (the results are the same: nothing in round t + 1
 depends on the evaluation); so does the evaluation of the model the run starts from. An
@@ -16,7 +19,9 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
+from fssl.server_train import ServerLabels
 from strategy import RoundRecord, WeightedAverage
+from strategy.contract import arrays_to_numpy
 
 EvaluateFn = Callable[[int, ArrayRecord, RoundRecord | None], Any]
 
@@ -65,16 +70,39 @@ class RoundLoop:
     """Rounds `first_round`..num_rounds of one run (Flower's Strategy.start always begins at 1; a
     resumed run does not)."""
 
-    def __init__(self, strategy: WeightedAverage, grid: Grid) -> None:
+    def __init__(
+        self, strategy: WeightedAverage, grid: Grid, server: ServerLabels | None = None
+    ) -> None:
         self.strategy, self.grid = strategy, grid
         self.cfg = strategy.cfg
+        self.server = server  # labels_at_server: the server's labels and its training
+        self.server_model: ArrayRecord | None = None  # the server's model of the round (parallel)
         self.first_push_time: float | None = None  # the start-up timeline's "first round sent"
 
     def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
+        """Send round t's instructions; a server that trains in parallel then trains on its
+        labels from the same global model while the clients train."""
         driver = self.strategy.driver
-        return push(
+        pending = push(
             self.grid, driver.configure_train(server_round, arrays, ConfigRecord(), self.grid)
         )
+        if self.server is not None and self.strategy.server_step == "parallel":
+            self.server_model = self.server_train(server_round, arrays)
+            self.strategy.server_arrays = arrays_to_numpy(self.server_model)
+        return pending
+
+    def server_train(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        assert self.server is not None
+        return ArrayRecord(self.server.train(server_round, arrays.to_torch_state_dict()))
+
+    def after_aggregate(self, server_round: int, new: ArrayRecord | None, arrays: ArrayRecord):
+        """The round's global model: the aggregate (or, when no client replied, the model kept),
+        then the server's own step where it holds labels (strategy.base: server_step)."""
+        if self.server is None:
+            return new if new is not None else arrays
+        if self.strategy.server_step == "parallel":
+            return new if new is not None else self.server_model
+        return self.server_train(server_round, new if new is not None else arrays)
 
     def federated_evaluation(
         self, server_round: int, arrays: ArrayRecord, timeout: float
@@ -117,9 +145,10 @@ class RoundLoop:
             clock.lap("communicate")  # waiting for the clients' replies
             record = self.strategy.round_record
             new, _ = self.strategy.driver.aggregate_train(server_round, replies)
-            if new is not None:
-                arrays = new
             clock.lap("aggregate")
+            arrays = self.after_aggregate(server_round, new, arrays)
+            if self.server is not None:
+                clock.lap("server_train")
             evaluation = self.federated_evaluation(server_round, arrays, timeout)
             if evaluation is not False:
                 record.federated_evaluation = evaluation

@@ -74,6 +74,10 @@ class WeightedAverage(FedAvg):
     """Uniform (or sample-weighted) averaging plus server momentum."""
 
     trainer: str | None = None  # the one trainer its clients must run; None: any but those
+    # labels_at_server: when the server trains on its labels. alternate: the aggregate, before
+    # it goes out (SemiFL's alternate training); parallel: the round's global model while the
+    # clients train, then the strategy combines both (FedRGD's server model, FedMatch's sigma)
+    server_step = "alternate"
 
     @staticmethod
     def check_params(m: dict[str, Any]) -> None:
@@ -103,6 +107,9 @@ class WeightedAverage(FedAvg):
         cap = cfg["server"]["max_samples"]
         self.max_samples = cap if cap is not None else setup.max_samples
         self.global_arrays: dict[str, np.ndarray] | None = None
+        # labels_at_server: the model the server trained on its labels from this round's global
+        # model, for strategies that average it with the clients' (server_step "parallel")
+        self.server_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.round_record = RoundRecord(round=0, sampled=[], lr=self.lr_for(0))
         self.driver: Any = self  # what the round loop calls: this, or a Flower wrapper (DP)
@@ -137,11 +144,39 @@ class WeightedAverage(FedAvg):
         for pid, node in sorted(node_of.items()):
             self.pids_on.setdefault(node, []).append(pid)
 
-    def sample(self, server_round: int, fraction: float) -> list[int]:
-        """Partition ids for this round: seeded by (seed, round), independent of node ids."""
+    def labels_only_round(self, server_round: int) -> bool:
+        """Whether this round's clients learn from labels alone: a labels-only method, or a
+        warm-up round."""
+        unlabeled = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled
+        return not unlabeled or server_round <= self.cfg["train"]["warmup_rounds"]
+
+    def eligible(self, labels_needed: bool) -> list[int]:
+        """The partitions a round may sample: all of them, or those holding labels when the
+        round needs them (labels at the server: none; at some clients: those)."""
+        m = self.cfg["fl"]["num_clients"]
+        if not labels_needed or not self.known_sizes:
+            return list(range(m))
+        return [pid for pid in range(m) if self.known_sizes.get(pid, (1, 0))[0] > 0]
+
+    def sample(
+        self, server_round: int, fraction: float, labels_needed: bool | None = None
+    ) -> list[int]:
+        """Partition ids for this round: seeded by (seed, round), independent of node ids, among
+        the partitions with something to learn this round (`labels_needed`: default, whether
+        the round is labels-only)."""
         m = self.cfg["fl"]["num_clients"]
         k = clients_per_round(self.cfg, fraction)
         rng = np.random.default_rng([self.cfg["seed"], server_round, 7])
+        if labels_needed is None:
+            labels_needed = self.labels_only_round(server_round)
+        pool = self.eligible(labels_needed)
+        if len(pool) < m:  # some partitions hold nothing this round can learn from
+            k = min(k, len(pool))
+            fixed = [p for p in sorted(set(self.cfg["fl"].get("always_sample", []))) if p in pool]
+            fixed = fixed[:k]
+            rest = np.setdiff1d(pool, fixed)
+            drawn = rng.choice(rest, k - len(fixed), replace=False) if k > len(fixed) else []
+            return sorted([*fixed, *(int(i) for i in drawn)])
         fixed = sorted(set(self.cfg["fl"].get("always_sample", [])))[:k]
         if not fixed:
             return sorted(int(i) for i in rng.choice(m, k, replace=False))
@@ -221,7 +256,7 @@ class WeightedAverage(FedAvg):
         fraction = self.cfg["fl"]["fraction_evaluate"]
         if fraction == 0:
             return []
-        pids = self.sample(server_round + 100003, fraction)
+        pids = self.sample(server_round + 100003, fraction, labels_needed=True)
         return self._messages(
             pids, arrays, self.round_config(server_round, config), MessageType.EVALUATE
         )
@@ -296,6 +331,10 @@ class WeightedAverage(FedAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         record = self.round_record
         sampled = record.sampled
+        replies = list(replies)
+        if not sampled and not replies:  # no client had anything to learn (labels at the server)
+            record.skipped, record.clients = False, []
+            return None, MetricRecord({"valid_replies": 0})
         parsed, failures, bad = [], [], []
         for msg in replies:
             try:
@@ -383,6 +422,14 @@ class WeightedAverage(FedAvg):
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         """Hook for server-side caches built from this round's valid replies."""
 
+    def residual_base(self, key: str) -> np.ndarray:
+        """Where the weight the clients leave (1 - sum beta) goes: the global model, or the
+        server's own model when it trains in parallel (FedRGD's w_s, labels_at_server)."""
+        assert self.global_arrays is not None
+        if self.server_step == "parallel" and self.server_arrays is not None:
+            return self.server_arrays[key]
+        return self.global_arrays[key]
+
     def defend(
         self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
     ) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
@@ -424,7 +471,9 @@ class WeightedAverage(FedAvg):
                     trim,
                 )
             else:
-                avg = robust.weighted_mean(old, [a[key] for a in client_arrays], weights)
+                avg = robust.weighted_mean(
+                    self.residual_base(key), [a[key] for a in client_arrays], weights
+                )
             if key.endswith(STAT_SUFFIXES):
                 new[key] = avg.astype(old.dtype)
                 continue

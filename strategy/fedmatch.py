@@ -6,6 +6,11 @@ outputs on a fixed probe) and caches the embedding and psi_k, the latest per cli
 t % helper_interval == 0, a sampled client that has an embedding gets, next to the global model, the
 psi of its H nearest clients by a KD-tree over all cached embeddings, as ArrayRecords `helper_0`, ...
 The caches are part of the strategy state, so checkpoints carry them.
+
+labels_at_server (FedMatch's own variant): the clients hold no labels, so they train psi only; the
+server trains sigma (and the other sigma-side arrays) on its labels from the round's global model
+while they train, and the new global model takes the server's sigma side and the clients' averaged
+psi (`server_step = "parallel"`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .contract import numpy_to_arrays
 
 class FedMatch(WeightedAverage):
     trainer = "fedmatch"  # its clients train decomposed models (sigma + psi)
+    server_step = "parallel"
 
     def __init__(
         self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
@@ -39,6 +45,17 @@ class FedMatch(WeightedAverage):
         )
         self.embeddings: dict[int, np.ndarray] = {}
         self.psi: dict[int, dict[str, np.ndarray]] = {}
+
+    def server_update(
+        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        new = super().server_update(client_arrays, weights)
+        if self.server_arrays is not None:  # labels_at_server: sigma is the server's
+            for key, value in self.server_arrays.items():
+                if not fedmatch.is_psi(key):
+                    new[key] = value.copy()
+                    self.momentum_buffer.pop(key, None)
+        return new
 
     def helpers_for(self, pid: int, server_round: int) -> list[int]:
         m = self.cfg["method"]

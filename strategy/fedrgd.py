@@ -2,9 +2,11 @@
 
 The C sampled clients are split at random into S groups G_i; the server model joins every group:
     w_i = (w_s + sum_{k in G_i} w_k) / (|G_i| + 1),   w_avg = (1/S) sum_i w_i.
-Labels-at-client has no server data, so the current global model stands in for w_s (the notes'
-recommendation) and one w_avg is broadcast: clients are resampled every round, so per-group models
-would not reach the same clients again. With equal groups this is a damped average that leaves the
+In labels_at_server (its native setting) w_s is the server's model: the round's global model
+trained on the server's labels while the clients train (`server_step = "parallel"`). Labels-at-client
+has no server data, so the current global model stands in for w_s (the notes' recommendation). One
+w_avg is broadcast: clients are resampled every round, so per-group models would not reach the same
+clients again. With equal groups this is a damped average that leaves the
 global model the weight S / (C + S). With non-uniform weights beta (DMA or sample sizes) the clients
 of a group share its |G_i| / (|G_i| + 1) in proportion to beta; uniform beta gives Eq. 7 exactly.
 The server momentum step follows, as for every strategy.
@@ -22,6 +24,8 @@ from .base import WeightedAverage
 
 
 class FedRGD(WeightedAverage):
+    server_step = "parallel"
+
     @staticmethod
     def check_params(m: dict[str, Any]) -> None:
         integer({"method": m}, "method.groups", low=1, default=None)

@@ -124,6 +124,49 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
 
 
 @pytest.mark.slow
+def test_labels_at_server_keeps_the_labels_on_the_superlink_side(tmp_path):
+    """SemiFL in its own setting, deployed: the SuperNodes' files hold unlabeled images only, the
+    server fine-tunes on its labels and recomputes BatchNorm statistics on them."""
+    import numpy as np
+
+    from feddb.deploy import export_data
+    from fssl.runtime import partition_for
+    from server_app.config import resolve
+
+    out = tmp_path / "run"
+    rc = {
+        "method": "semifl",
+        "scenario": "labels_at_server",
+        "num-server-rounds": 1,
+        "seed": 2,
+        "output-dir": str(out),
+        "overrides": f"{TINY} model.norm=bn train.warmup_rounds=0",
+    }
+    files = export_data(rc, tmp_path / "w" / "data")
+    server_images = set(partition_for(resolve(rc)[0]).server)
+    assert len(server_images) == 150
+    for f in files:
+        with np.load(f) as z:
+            assert len(z["y_labeled"]) == 0 and len(z["x_labeled"]) == 0 and len(z["x_unlabeled"])
+    dep = LocalDeployment(tmp_path / "w")
+    try:
+        dep.start_superlink()
+        keys = make_keys(dep.workdir / "keys", 3)
+        for i, key in enumerate(keys):
+            dep.register(key)
+            dep.start_supernode(i, 3, files[i], key)
+        status = dep.follow(dep.submit(rc))
+        assert status["status"] == "finished:completed", status
+    finally:
+        dep.close()
+    (r,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(r["clients"]) == 3 and all(c["num_labeled"] == 0 for c in r["clients"])
+    assert "server_train" in r["timing"] and r["test_accuracy"] > 0.1
+    assert sum(json.loads((out / "partition_summary.json").read_text())["server"]) == 150
+    assert not flower_pids(tmp_path / "w")
+
+
+@pytest.mark.slow
 def test_supernode_with_unregistered_key_is_refused(tmp_path):
     dep = LocalDeployment(tmp_path / "w")
     try:

@@ -1,0 +1,255 @@
+"""The three federated semi-supervised scenarios: labels at the clients (the paper's), at the
+server, and at some clients; where each method's pieces go in each, and what is refused."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fssl.config import ConfigError
+from fssl.data import embedded_candidates
+from fssl.partition import balanced_labeled_split, flower_partition, make_partition
+from server_app.config import resolve
+
+
+@pytest.fixture(scope="module")
+def labels():
+    return np.load(next(p for p in embedded_candidates() if p.is_file()))["y_train"].astype(
+        np.int64
+    )
+
+
+def pools(labels, seed, num_labeled=100):
+    return balanced_labeled_split(labels, num_labeled, 10, np.random.default_rng([seed, 2024]))
+
+
+def test_labels_at_clients_is_the_papers_partition_unchanged(labels):
+    a = make_partition(labels, 10, 100, 10, "dirichlet", 0.3, seed=4)
+    b = make_partition(labels, 10, 100, 10, "dirichlet", 0.3, seed=4, scenario="labels_at_clients")
+    assert all(
+        np.array_equal(x, y) for x, y in zip(a.labeled + a.unlabeled, b.labeled + b.unlabeled)
+    )
+    assert len(a.server) == 0
+
+
+@pytest.mark.parametrize("flower", [False, True])
+def test_labels_at_server_keeps_every_label_on_the_server(labels, flower):
+    if flower:
+        part = flower_partition(
+            labels,
+            10,
+            100,
+            10,
+            "ShardPartitioner",
+            {"num_shards_per_partition": 2},
+            2,
+            scenario="labels_at_server",
+        )
+    else:
+        part = make_partition(labels, 10, 100, 10, "dirichlet", 0.3, 2, scenario="labels_at_server")
+    labeled_pool, unlabeled_pool = pools(labels, 2)
+    assert np.array_equal(np.sort(part.server), labeled_pool)
+    assert np.bincount(labels[part.server]).tolist() == [10] * 10
+    assert all(len(lab) == 0 for lab in part.labeled)
+    everyone = np.concatenate(part.unlabeled)
+    assert len(everyone) == len(np.unique(everyone))
+    assert not set(everyone) & set(part.server)  # no client ever holds a server image
+    if not flower:
+        assert sorted(everyone) == sorted(unlabeled_pool)
+
+
+def test_labels_at_partial_clients_gives_all_labels_to_the_first_clients(labels):
+    part = make_partition(
+        labels,
+        10,
+        100,
+        10,
+        "iid",
+        None,
+        5,
+        scenario="labels_at_partial_clients",
+        labeled_clients=3,
+    )
+    labeled_pool, unlabeled_pool = pools(labels, 5)
+    assert [len(lab) for lab in part.labeled] == [34, 33, 33] + [0] * 7
+    for m in range(3):  # a labeled client holds its labeled images and nothing else
+        assert np.array_equal(part.unlabeled[m], part.labeled[m])
+    assert sorted(np.concatenate(part.labeled)) == sorted(labeled_pool)
+    assert sorted(np.concatenate(part.unlabeled[3:])) == sorted(unlabeled_pool)
+    assert len(part.server) == 0
+
+
+@pytest.mark.parametrize(
+    "run_config,match",
+    [
+        ({"scenario": "labels_everywhere"}, "unknown scenario 'labels_everywhere'"),
+        (
+            {"scenario": "labels_at_partial_clients", "overrides": "scenario.labeled_clients=20"},
+            "`scenario.labeled_clients`: 20; allowed: an integer with 1 <= labeled_clients <= 19",
+        ),
+        (
+            {"scenario": "labels_at_server", "overrides": "fl.fraction_evaluate=0.2"},
+            "in scenario labels_at_server",
+        ),
+        (
+            {"scenario": "labels_at_server", "method": "fixmatch", "strategy": "qfedavg"},
+            "strategy=qfedavg weighs each client by its loss on its labels",
+        ),
+    ],
+)
+def test_combinations_that_make_no_sense_are_refused(run_config, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(run_config)
+
+
+def client(n_l, n_u, seed=0):
+    from fssl.train import ClientData
+
+    g = torch.Generator().manual_seed(seed)
+    x_l = torch.randint(0, 255, (n_l, 1, 28, 28), generator=g, dtype=torch.uint8)
+    x_u = torch.randint(0, 255, (n_u, 1, 28, 28), generator=g, dtype=torch.uint8)
+    return ClientData(x_l, torch.arange(n_l) % 10, x_u, torch.arange(n_u) % 10)
+
+
+def trainer_and_model(overrides, method="fixmatch"):
+    from fssl.methods import make_model, make_trainer
+
+    cfg, _ = resolve({"method": method, "overrides": overrides})
+    cfg["data_meta"] = {"num_classes": 10, "channels": 1, "image_shape": [1, 28, 28]}
+    torch.manual_seed(0)
+    model = make_model(cfg, 10, 1)
+    return make_trainer(cfg, (0.5,), (0.25,), torch.device("cpu")), model
+
+
+def test_a_client_without_labels_learns_from_pseudo_labels_alone():
+    trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch train.local_epochs=1")
+    before = [p.detach().clone() for p in model.parameters()]
+    m = trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    assert m["num_labeled"] == 0 and m["loss_sup"] == 0.0
+    assert m["pseudo_label_ratio"] > 0 and m["loss_unsup"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # no confident pseudo-label, no label: nothing to learn, the model is left as it came
+    trainer, model = trainer_and_model("train.tau=1.0 train.mode=fullbatch train.local_epochs=1")
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_labeled_client_of_partial_clients_trains_on_its_labels_alone():
+    trainer, model = trainer_and_model(
+        "scenario=labels_at_partial_clients train.tau=0.05 train.mode=fullbatch"
+    )
+    m = trainer.fit(model, client(20, 20), lr=0.1, seed=1)
+    assert m["loss_sup"] > 0 and m["loss_unsup"] == 0.0 and "pseudo_label_ratio" not in m
+    trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch")  # the paper's
+    m = trainer.fit(model, client(20, 20), lr=0.1, seed=1)
+    assert m["loss_unsup"] > 0
+
+
+def strategy_for(overrides, method="fixmatch", sizes=None):
+    from strategy import ServerSetup, make_strategy
+
+    cfg, _ = resolve({"method": method, "overrides": overrides})
+    cfg["data_meta"] = {"num_classes": 10, "channels": 1, "image_shape": [1, 28, 28]}
+    return make_strategy(cfg, 10, ServerSetup(partition_sizes=sizes))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fixmatch"])
+def test_rounds_sample_only_clients_with_something_to_learn(method):
+    sizes = [(50, 50), (50, 50), (0, 900), (0, 900), (0, 900), (0, 900)]
+    base = "fl.num_clients=6 fl.fraction_train=0.5 train.warmup_rounds=2"
+    s = strategy_for(f"{base} scenario=labels_at_partial_clients", method, sizes)
+    for t in (1, 2):  # warm-up: labels only, so the labeled clients only
+        assert s.sample(t, 0.5) == [0, 1]
+    later = {p for t in range(3, 30) for p in s.sample(t, 0.5)}
+    assert later == ({0, 1} if method == "fedavg" else set(range(6)))
+    s = strategy_for(f"{base} scenario=labels_at_server", method, [(0, 900)] * 6)
+    assert s.sample(1, 0.5) == [] and (s.sample(3, 0.5) == []) == (method == "fedavg")
+    # labels at the clients: the draw is the one it always was
+    s = strategy_for(base, method, [(10, 90)] * 6)
+    rng = np.random.default_rng([0, 5, 7])
+    assert s.sample(5, 0.5) == sorted(int(i) for i in rng.choice(6, 3, replace=False))
+
+
+def arrays(value, keys=("a.weight", "b.bias")):
+    return {k: np.full(3, value, dtype=np.float32) for k in keys}
+
+
+def test_fedrgd_groups_average_with_the_servers_model_when_it_has_labels():
+    s = strategy_for(
+        "scenario=labels_at_server server.momentum=0 method.groups=2", "fedrgd", [(0, 900)] * 4
+    )
+    s.global_arrays, s.server_arrays = arrays(0.0), arrays(6.0)
+    coefficients = np.full(4, 1 / 3 / 2 * 2 / 2)  # two groups of two: each client 2/3 / 2 / 2
+    new = s.server_update([arrays(3.0)] * 4, coefficients)
+    # w = sum_k c_k w_k + (1 - sum c) w_s = 2/3 * 3 + 1/3 * 6
+    assert np.allclose(new["a.weight"], 4.0)
+    s.server_arrays = None  # labels at the clients: the global model stands in for w_s
+    assert np.allclose(s.server_update([arrays(3.0)] * 4, coefficients)["a.weight"], 2.0)
+
+
+def test_fedmatch_takes_sigma_from_the_server_and_psi_from_the_clients():
+    from fssl.fedmatch import PSI_SUFFIX, SIGMA_SUFFIX
+
+    keys = ("conv" + SIGMA_SUFFIX, "conv" + PSI_SUFFIX, "norm.bias")
+    s = strategy_for("scenario=labels_at_server server.momentum=0", "fedmatch", [(0, 900)] * 2)
+    s.global_arrays, s.server_arrays = arrays(0.0, keys), arrays(5.0, keys)
+    new = s.server_update([arrays(1.0, keys), arrays(3.0, keys)], np.array([0.5, 0.5]))
+    assert np.allclose(new["conv" + PSI_SUFFIX], 2.0)  # the clients' average
+    assert np.allclose(new["conv" + SIGMA_SUFFIX], 5.0) and np.allclose(new["norm.bias"], 5.0)
+
+
+def test_static_batchnorm_is_the_statistics_of_the_servers_images():
+    from fssl.server_train import static_batchnorm
+
+    bn = torch.nn.BatchNorm2d(1, momentum=0.1)
+    model = torch.nn.Sequential(bn)
+    x = torch.randint(0, 255, (40, 1, 4, 4), dtype=torch.uint8)
+    assert static_batchnorm(model, x, (0.0,), (1.0,), batch_size=40) == 1
+    xf = x.float() / 255
+    assert torch.allclose(bn.running_mean, xf.mean().reshape(1), atol=1e-6)
+    assert torch.allclose(bn.running_var, xf.var().reshape(1), atol=1e-5)
+    assert bn.momentum == 0.1  # the layer's own momentum is back for the clients
+
+
+TINY = (
+    "fl.num_clients=8 fl.fraction_train=0.25 dataset.num_labeled=40 train.mode=minibatch "
+    "train.local_steps=2 train.batch_size=8 train.mu=2 train.warmup_rounds=1 train.tau=0.5 "
+    "dataset.val_size=0 logging.tensorboard=false eval.every=2"
+)
+
+
+def run_scenario(tmp_path, method, scenario, extra=""):
+    from localgrid import run_in_process
+
+    out = tmp_path / f"{method}-{scenario}"
+    run_in_process(
+        {
+            "method": method,
+            "scenario": scenario,
+            "num-server-rounds": 2,
+            "output-dir": str(out),
+            "overrides": f"{TINY} {extra}",
+        },
+        8,
+    )
+    return out, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("scenario", ["labels_at_server", "labels_at_partial_clients"])
+@pytest.mark.parametrize("method", ["fedavg", "fixmatch", "feddb", "semifl", "fedrgd", "fedmatch"])
+def test_each_method_runs_in_each_scenario(tmp_path, method, scenario):
+    out, rounds = run_scenario(tmp_path, method, scenario)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert 0 < rounds[-1]["test_accuracy"] <= 1
+    labeled = {0, 1} if scenario == "labels_at_partial_clients" else set()
+    warmup = {c["partition_id"] for c in rounds[0]["clients"]}
+    assert warmup <= labeled  # warm-up: labels only
+    trained = {c["partition_id"] for c in rounds[1]["clients"]}
+    if method == "fedavg":
+        assert trained <= labeled
+    else:
+        assert len(trained) == 2
+    summary = json.loads((out / "partition_summary.json").read_text())
+    assert sum(summary["server"]) == (40 if scenario == "labels_at_server" else 0)
