@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fssl.partition import label_figure_title, plot_label_distribution
+from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
 
@@ -112,8 +112,18 @@ def partition_label(cfg: dict[str, Any]) -> str:
     return "IID" if p["mode"] == "iid" else f"δ={p['delta']}"
 
 
+# where the labels live, in a setting's name ("mnist10k δ=0.3/labels-at-server"); the paper's
+# scenario, labels at the clients, is left unnamed
+SCENARIO_LABELS = {
+    "labels_at_clients": "",
+    "labels_at_server": "labels-at-server",
+    "labels_at_partial_clients": "labels-at-partial-clients",
+}
+
+
 def setting(cfg: dict[str, Any]) -> str:
-    return f"{cfg['dataset']['name']} {partition_label(cfg)}"
+    scenario = SCENARIO_LABELS[scenario_of(cfg)[0]]
+    return f"{cfg['dataset']['name']} {partition_label(cfg)}" + (f"/{scenario}" if scenario else "")
 
 
 def partition_rank(part: str) -> tuple[int, float, str]:
@@ -144,7 +154,12 @@ def setting_order(settings) -> list[str]:
 
     def key(s: str):
         name, _, part = s.rpartition(" ")
-        return dataset_rank(name), partition_rank(part)
+        part, _, scenario = part.partition("/")
+        return (
+            dataset_rank(name),
+            partition_rank(part),
+            list(SCENARIO_LABELS.values()).index(scenario),
+        )
 
     return sorted(set(settings), key=key)
 
@@ -242,6 +257,9 @@ PAIRS = [
     ("FixMatch", "FedAvg"),
     ("FixMatch-FedDPL", "FedAvg"),
     ("FedDB", "FedAvg"),
+    ("SemiFL", "FedAvg"),
+    ("FedRGD", "FedAvg"),
+    ("FedMatch", "FedAvg"),
     ("FedDB", "FixMatch-FedDPL"),
     ("FedDB w/o DPL", "FixMatch"),
     ("FedDB", "FixMatch"),
@@ -885,7 +903,9 @@ def setting_slug(cfg: dict[str, Any]) -> str:
     """A setting as a file name: 'cifar10_iid', 'mnist10k_dir0.3'."""
     p = cfg["partition"]
     part = {"iid": "iid", "flwr": partition_label(cfg)}.get(p["mode"], f"dir{p['delta']}")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{cfg['dataset']['name']}_{part}")
+    scenario = SCENARIO_LABELS[scenario_of(cfg)[0]]
+    name = f"{cfg['dataset']['name']}_{part}" + (f"_{scenario}" if scenario else "")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
 def label_distributions(runs: list[dict[str, Any]], out: Path) -> dict[str, str]:
