@@ -240,7 +240,10 @@ def run_scenario(tmp_path, method, scenario, extra=""):
 @pytest.mark.parametrize("scenario", ["labels_at_server", "labels_at_partial_clients"])
 @pytest.mark.parametrize("method", ["fedavg", "fixmatch", "feddb", "semifl", "fedrgd", "fedmatch"])
 def test_each_method_runs_in_each_scenario(tmp_path, method, scenario):
-    out, rounds = run_scenario(tmp_path, method, scenario)
+    native = method == "semifl" and scenario == "labels_at_server"  # SemiFL as published
+    out, rounds = run_scenario(tmp_path, method, scenario, "model.norm=bn" if native else "")
+    if native:
+        check_static_batchnorm(out)
     assert [r["round"] for r in rounds] == [1, 2]
     assert 0 < rounds[-1]["test_accuracy"] <= 1
     labeled = {0, 1} if scenario == "labels_at_partial_clients" else set()
@@ -253,3 +256,64 @@ def test_each_method_runs_in_each_scenario(tmp_path, method, scenario):
         assert len(trained) == 2
     summary = json.loads((out / "partition_summary.json").read_text())
     assert sum(summary["server"]) == (40 if scenario == "labels_at_server" else 0)
+
+
+def check_static_batchnorm(run_dir):
+    """The model the clients receive and the server evaluates carries BatchNorm statistics of the
+    server's labeled images (recomputing them on the final model changes nothing)."""
+    import copy
+
+    import yaml
+
+    from fssl.methods import make_model
+    from fssl.runtime import dataset_for, partition_for
+    from fssl.server_train import static_batchnorm
+    from fssl.train import to_nchw
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    ds = dataset_for(cfg)
+    model = make_model(cfg, 10, 1)
+    model.load_state_dict(torch.load(run_dir / "final_model.pt"))
+    again = copy.deepcopy(model)
+    x = to_nchw(ds.x_train[partition_for(cfg).server], torch.device("cpu"))
+    assert static_batchnorm(again, x, tuple(ds.mean), tuple(ds.std), 250) > 0
+    for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        if name.endswith(("running_mean", "running_var")):
+            assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_semifl_clients_without_labels_train_fix_and_mix_losses_alone():
+    trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch", "semifl")
+    m = trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    assert m["loss_sup"] == 0.0 and m["loss_unsup"] > 0 and m["pseudo_label_ratio"] > 0
+    trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch", "semifl")
+    m = trainer.fit(model, client(20, 64), lr=0.1, seed=1)  # the adaptation: CE on labels too
+    assert m["loss_sup"] > 0
+
+
+class StubServer:
+    """Marks a model as the server's: every array + 100."""
+
+    def train(self, server_round, state):
+        return {k: v + 100 for k, v in state.items()}
+
+
+@pytest.mark.parametrize("method,after", [("semifl", "alternate"), ("fedrgd", "parallel")])
+def test_the_server_trains_after_aggregation_or_beside_the_clients(method, after):
+    from flwr.app import ArrayRecord
+
+    from server_app.rounds import RoundLoop
+
+    s = strategy_for("scenario=labels_at_server", method, [(0, 900)] * 4)
+    assert s.server_step == after
+    loop = RoundLoop(s, grid=None, server=StubServer())
+    start = ArrayRecord({"w": torch.zeros(2)})
+    aggregate = ArrayRecord({"w": torch.ones(2)})
+    loop.server_model = loop.server_train(1, start)  # what push_train does in parallel
+    got = loop.after_aggregate(1, aggregate, start).to_torch_state_dict()["w"]
+    # alternate (SemiFL): the server fine-tunes the aggregate; parallel (FedRGD): the strategy
+    # has already combined the server's model with the clients'
+    assert torch.equal(got, torch.full((2,), 101.0 if after == "alternate" else 1.0))
+    # a round no client joined (labels-only or warm-up): the server's model, either way
+    none = loop.after_aggregate(1, None, start).to_torch_state_dict()["w"]
+    assert torch.equal(none, torch.full((2,), 100.0))
