@@ -317,3 +317,24 @@ def test_the_server_trains_after_aggregation_or_beside_the_clients(method, after
     # a round no client joined (labels-only or warm-up): the server's model, either way
     none = loop.after_aggregate(1, None, start).to_torch_state_dict()["w"]
     assert torch.equal(none, torch.full((2,), 100.0))
+
+
+def test_a_flower_strategy_runs_rounds_no_client_joins(tmp_path):
+    """Labels-only FedAvg under Flower's FedAvgM in labels_at_server: no round sends anything
+    (Flower's node sampling would wait for nodes for ever), the server trains alone."""
+    from localgrid import run_in_process
+
+    out = tmp_path / "run"
+    run_in_process(
+        {
+            "method": "fedavg",
+            "strategy": "fedavgm",
+            "scenario": "labels_at_server",
+            "num-server-rounds": 2,
+            "output-dir": str(out),
+            "overrides": TINY,
+        },
+        8,
+    )
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients"] for r in rounds] == [[], []] and rounds[-1]["test_accuracy"] > 0.1
