@@ -121,18 +121,27 @@ SCENARIO_LABELS = {
 }
 
 
-def setting(cfg: dict[str, Any]) -> str:
+def placed_partition(cfg: dict[str, Any]) -> str:
+    """The partition and, outside the paper's scenario, where the labels live: 'δ=0.3',
+    'δ=0.3/labels-at-server'. Each gets its own tables."""
     scenario = SCENARIO_LABELS[scenario_of(cfg)[0]]
-    return f"{cfg['dataset']['name']} {partition_label(cfg)}" + (f"/{scenario}" if scenario else "")
+    return partition_label(cfg) + (f"/{scenario}" if scenario else "")
 
 
-def partition_rank(part: str) -> tuple[int, float, str]:
-    """The paper's order: IID, then decreasing delta, then Flower Datasets' partitioners by name."""
+def setting(cfg: dict[str, Any]) -> str:
+    return f"{cfg['dataset']['name']} {placed_partition(cfg)}"
+
+
+def partition_rank(part: str) -> tuple[int, float, str, int]:
+    """The paper's order: IID, then decreasing delta, then Flower Datasets' partitioners by name;
+    within each, labels at the clients, at the server, at some clients."""
+    part, _, scenario = part.partition("/")
+    where = list(SCENARIO_LABELS.values()).index(scenario)
     if part == "IID":
-        return 0, 0.0, ""
+        return 0, 0.0, "", where
     if part.startswith("δ="):
-        return 1, -float(part[2:]), ""
-    return 2, 0.0, part
+        return 1, -float(part[2:]), "", where
+    return 2, 0.0, part, where
 
 
 def dataset_rank(name: str) -> tuple[int, str]:
@@ -154,12 +163,7 @@ def setting_order(settings) -> list[str]:
 
     def key(s: str):
         name, _, part = s.rpartition(" ")
-        part, _, scenario = part.partition("/")
-        return (
-            dataset_rank(name),
-            partition_rank(part),
-            list(SCENARIO_LABELS.values()).index(scenario),
-        )
+        return dataset_rank(name), partition_rank(part)
 
     return sorted(set(settings), key=key)
 
@@ -204,7 +208,7 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
                     "strategy": strategy_label(cfg),
                     "setting": setting(cfg),
                     "dataset": cfg["dataset"]["name"],
-                    "partition": partition_label(cfg),
+                    "partition": placed_partition(cfg),
                     "seed": cfg["seed"],
                     "best": summary["best_test_accuracy"],
                     "final": summary["final_test_accuracy"],

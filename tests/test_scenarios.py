@@ -338,3 +338,23 @@ def test_a_flower_strategy_runs_rounds_no_client_joins(tmp_path):
     )
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["clients"] for r in rounds] == [[], []] and rounds[-1]["test_accuracy"] > 0.1
+
+
+def test_the_report_gives_each_scenario_its_own_tables():
+    from feddb.report import partition_order, placed_partition, setting
+
+    cfgs = [
+        resolve({"scenario": s, "partition": p})[0]
+        for s in ("labels_at_partial_clients", "labels_at_server", "labels_at_clients")
+        for p in ("dir0.3", "iid")
+    ]
+    parts = [placed_partition(c) for c in cfgs]
+    assert partition_order(parts) == [
+        "IID",
+        "IID/labels-at-server",
+        "IID/labels-at-partial-clients",
+        "δ=0.3",
+        "δ=0.3/labels-at-server",
+        "δ=0.3/labels-at-partial-clients",
+    ]
+    assert setting(cfgs[2]) == "mnist10k δ=0.3/labels-at-server"
