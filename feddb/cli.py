@@ -23,6 +23,7 @@ COMMANDS = {
         "where a round's time goes with a null trainer, and Flower's floor",
     ),
     "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
+    "throughput": ("feddb.throughput", "a sweep's rounds per second with N runs side by side"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)

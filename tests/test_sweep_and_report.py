@@ -360,3 +360,14 @@ def test_a_sweeps_results_do_not_depend_on_how_many_run_at_once(tmp_path):
 
     one, two = run(1), run(2)
     assert one == two and len(one["feddb"]) == 2
+
+
+def test_the_throughput_projection_counts_batches_of_concurrent_runs():
+    from feddb.throughput import main, projected_sweep_seconds
+
+    m = {"startup_seconds": 10.0, "round_seconds": 2.0}
+    # 43 runs of 80 rounds: 43 batches one at a time, 22 with two side by side
+    assert projected_sweep_seconds(m, 1, 43, 80) == 43 * 170.0
+    assert projected_sweep_seconds(m, 2, 43, 80) == 22 * 170.0
+    with pytest.raises(SystemExit):
+        main(["--jobs", "one,two"])

@@ -1,0 +1,138 @@
+"""Sweep throughput: N runs side by side, as `feddb sweep --jobs N` runs them, against one at a
+time (N = 1, today's `feddb sweep`), in the same call.
+
+    feddb throughput                                     # miniature runs, N = 1, 2 (2 cores)
+    feddb throughput --jobs 1,2,4 --rounds 8 --sweep-runs 43
+
+For each N it starts N in-process runs of the experiment at once (different seeds, each with
+cores / N CPU threads, as the sweep gives them), each for `--rounds` rounds, and prints:
+- rounds/s: rounds of all N runs per second of wall time, in the steady state (rounds 2 and later);
+- start-up: seconds a run spends before its first round (data, partition, model, first evaluation);
+- the projected wall time of a sweep of `--sweep-runs` runs of the experiment's full length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def run_batch(
+    n: int, rounds: int, experiment: str, method: str, extra: str, out: Path
+) -> dict[str, float]:
+    """N runs at once; wall time, each run's steady round time and its time before round 2."""
+    from feddb.sweep import cores
+
+    threads = str(max(1, cores() // n))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    procs, dirs = [], []
+    start = time.perf_counter()
+    for seed in range(n):
+        run_dir = out / f"n{n}_s{seed}"
+        dirs.append(run_dir)
+        rc = (
+            f"method='{method}' experiment='{experiment}' seed={seed} "
+            f"num-server-rounds={rounds} output-dir='{run_dir}' "
+            f"overrides='logging.tensorboard=false {extra}'"
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "feddb.inprocess", "--run-config", rc],
+                cwd=PROJECT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for p in procs:
+        _, err = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"feddb throughput: a run failed:\n{err[-2000:]}")
+    wall = time.perf_counter() - start
+    steady, startup = [], []
+    for run_dir in dirs:
+        rounds_s = [
+            json.loads(line)["round_seconds"]
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        total = json.loads((run_dir / "summary.json").read_text())["wall_seconds"]
+        steady.append(statistics.median(rounds_s[1:] or rounds_s))
+        startup.append(max(0.0, total - sum(rounds_s)))
+    return {
+        "wall_seconds": wall,
+        "round_seconds": statistics.mean(steady),
+        "startup_seconds": statistics.mean(startup),
+    }
+
+
+def projected_sweep_seconds(m: dict[str, float], n: int, runs: int, full_rounds: int) -> float:
+    """ceil(runs / N) batches, each a run's start-up and its full rounds at the measured speed."""
+    return math.ceil(runs / n) * (m["startup_seconds"] + full_rounds * m["round_seconds"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="feddb throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--jobs", default="1,2", help="concurrent runs to compare (default 1,2)")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds each run trains (default 6)")
+    ap.add_argument("--experiment", default="miniature", help="conf/experiment/ preset")
+    ap.add_argument("--method", default="feddb")
+    ap.add_argument(
+        "--sweep-runs", type=int, default=43, help="runs of the projected sweep (miniature: 43)"
+    )
+    ap.add_argument("--overrides", default="", help="Hydra overrides for every run")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        jobs = [int(j) for j in args.jobs.split(",")]
+    except ValueError:
+        ap.error(f"--jobs takes numbers separated by commas, e.g. 1,2,4, not '{args.jobs}'")
+    if args.rounds < 2 or min(jobs) < 1:
+        ap.error("--rounds must be >= 2 (the first round is start-up) and --jobs >= 1")
+    sys.path.insert(0, str(PROJECT))
+    from server_app.config import resolve
+
+    cfg, _ = resolve(
+        {"method": args.method, "experiment": args.experiment, "overrides": args.overrides}
+    )
+    full = cfg["num_rounds"]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in jobs:
+            m = run_batch(n, args.rounds, args.experiment, args.method, args.overrides, Path(tmp))
+            m["rounds_per_second"] = n / m["round_seconds"]
+            m["projected_sweep_seconds"] = projected_sweep_seconds(m, n, args.sweep_runs, full)
+            results[n] = m
+    base = results[jobs[0]]["projected_sweep_seconds"]
+    print(
+        f"{args.method}, experiment={args.experiment} ({full} rounds a run), "
+        f"{args.rounds} rounds measured per run; a sweep of {args.sweep_runs} runs:"
+    )
+    print(f"{'runs at once':>12} {'rounds/s':>9} {'s/round':>8} {'start-up s':>10} {'sweep':>9}")
+    for n, m in results.items():
+        print(
+            f"{n:>12} {m['rounds_per_second']:>9.2f} {m['round_seconds']:>8.2f} "
+            f"{m['startup_seconds']:>10.1f} {m['projected_sweep_seconds'] / 60:>7.1f} min"
+            + (f"  ({base / m['projected_sweep_seconds']:.2f}x)" if n != jobs[0] else "")
+        )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"config": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
