@@ -499,13 +499,23 @@ def check_scenario(cfg: dict[str, Any]) -> None:
     name = choice(cfg, "scenario.name", SCENARIOS)
     integer(cfg, "scenario.server_epochs", low=0, nullable="train.local_epochs", default=None)
     if name == "labels_at_partial_clients":
-        integer(
+        least = cfg["fl"]["min_train_clients"]
+        labeled = integer(
             cfg,
             "scenario.labeled_clients",
-            low=1,
+            low=least,
             high=clients - 1,
-            note=f"(the clients that hold the labels; fl.num_clients={clients})",
+            note=f"(the clients that hold the labels: a labels-only round trains them alone, "
+            f"and one with fewer than fl.min_train_clients={least} replies keeps the global "
+            f"model; fl.num_clients={clients})",
         )
+        if cfg["dp"]["mode"] != "off" and labeled < clients_per_round(cfg):
+            raise ConfigError(
+                f"dp.mode={cfg['dp']['mode']} sizes its noise for {clients_per_round(cfg)} "
+                f"clients a round, but labels-only rounds of labels_at_partial_clients train "
+                f"the {labeled} labeled clients alone (scenario.labeled_clients), so their noise "
+                "would be too small: raise scenario.labeled_clients, or lower fl.fraction_train"
+            )
     if name == "labels_at_server":
         number(
             cfg,

@@ -144,7 +144,10 @@ class RoundLoop:
             replies = collect(self.grid, pending, timeout)
             clock.lap("communicate")  # waiting for the clients' replies
             record = self.strategy.round_record
-            new, _ = self.strategy.driver.aggregate_train(server_round, replies)
+            # a round no client joined goes to the strategy itself: Flower's wrappers (DP) would
+            # average zero replies
+            aggregator = self.strategy.driver if record.sampled or replies else self.strategy
+            new, _ = aggregator.aggregate_train(server_round, replies)
             clock.lap("aggregate")
             arrays = self.after_aggregate(server_round, new, arrays)
             if self.server is not None:

@@ -124,10 +124,10 @@ def check_choice(cfg: dict[str, Any]) -> None:
         note="of the strategy's keyword arguments",
     )
     scenario = (cfg.get("scenario") or {}).get("name", "labels_at_clients")
-    if name == "qfedavg" and scenario == "labels_at_server":
+    if name == "qfedavg" and scenario != "labels_at_clients":
         raise ConfigError(
             "strategy=qfedavg weighs each client by its loss on its labels, and in scenario "
-            "labels_at_server the clients hold none: use another strategy, or another scenario"
+            f"{scenario} clients hold none: use another strategy, or labels_at_clients"
         )
     own = cfg["method"]["strategy"]
     if own != "fedavg":

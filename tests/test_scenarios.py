@@ -86,7 +86,22 @@ def test_labels_at_partial_clients_gives_all_labels_to_the_first_clients(labels)
         ({"scenario": "labels_everywhere"}, "unknown scenario 'labels_everywhere'"),
         (
             {"scenario": "labels_at_partial_clients", "overrides": "scenario.labeled_clients=20"},
-            "`scenario.labeled_clients`: 20; allowed: an integer with 1 <= labeled_clients <= 19",
+            "`scenario.labeled_clients`: 20; allowed: an integer with 2 <= labeled_clients <= 19",
+        ),
+        (  # one labeled client: every labels-only round below fl.min_train_clients=2
+            {"scenario": "labels_at_partial_clients", "overrides": "scenario.labeled_clients=1"},
+            "`scenario.labeled_clients`: 1; allowed: an integer with 2 <= labeled_clients",
+        ),
+        (
+            {
+                "scenario": "labels_at_partial_clients",
+                "overrides": "dp.mode=fixed server.momentum=0",
+            },
+            "labels-only rounds of labels_at_partial_clients train the 2 labeled clients alone",
+        ),
+        (
+            {"scenario": "labels_at_partial_clients", "method": "fixmatch", "strategy": "qfedavg"},
+            "in scenario labels_at_partial_clients clients hold none",
         ),
         (
             {"scenario": "labels_at_server", "overrides": "fl.fraction_evaluate=0.2"},
@@ -317,6 +332,26 @@ def test_the_server_trains_after_aggregation_or_beside_the_clients(method, after
     # a round no client joined (labels-only or warm-up): the server's model, either way
     none = loop.after_aggregate(1, None, start).to_torch_state_dict()["w"]
     assert torch.equal(none, torch.full((2,), 100.0))
+
+
+def test_differential_privacy_skips_rounds_no_client_joins(tmp_path):
+    """Flower's adaptive-clipping wrapper divides by the number of replies: a round of the
+    server's alone never reaches it."""
+    from localgrid import run_in_process
+
+    out = tmp_path / "run"
+    run_in_process(
+        {
+            "method": "fixmatch",
+            "scenario": "labels_at_server",
+            "num-server-rounds": 2,
+            "output-dir": str(out),
+            "overrides": f"{TINY} dp.mode=adaptive dp.noise_multiplier=0.1 server.momentum=0",
+        },
+        8,
+    )
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [len(r["clients"]) for r in rounds] == [0, 2]
 
 
 def test_a_flower_strategy_runs_rounds_no_client_joins(tmp_path):
