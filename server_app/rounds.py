@@ -77,6 +77,7 @@ class RoundLoop:
         self.cfg = strategy.cfg
         self.server = server  # labels_at_server: the server's labels and its training
         self.server_model: ArrayRecord | None = None  # the server's model of the round (parallel)
+        self.parallel_seconds = 0.0  # its training, inside the push of the round's instructions
         self.first_push_time: float | None = None  # the start-up timeline's "first round sent"
 
     def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
@@ -87,8 +88,10 @@ class RoundLoop:
             self.grid, driver.configure_train(server_round, arrays, ConfigRecord(), self.grid)
         )
         if self.server is not None and self.strategy.server_step == "parallel":
+            t0 = time.perf_counter()
             self.server_model = self.server_train(server_round, arrays)
             self.strategy.server_arrays = arrays_to_numpy(self.server_model)
+            self.parallel_seconds = time.perf_counter() - t0
         return pending
 
     def server_train(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
@@ -152,6 +155,9 @@ class RoundLoop:
             arrays = self.after_aggregate(server_round, new, arrays)
             if self.server is not None:
                 clock.lap("server_train")
+                if self.strategy.server_step == "parallel":  # done while the clients trained
+                    clock.laps["server_train"] += self.parallel_seconds
+                    clock.laps["configure"] -= self.parallel_seconds
             evaluation = self.federated_evaluation(server_round, arrays, timeout)
             if evaluation is not False:
                 record.federated_evaluation = evaluation

@@ -271,6 +271,10 @@ def test_each_method_runs_in_each_scenario(tmp_path, method, scenario):
         assert len(trained) == 2
     summary = json.loads((out / "partition_summary.json").read_text())
     assert sum(summary["server"]) == (40 if scenario == "labels_at_server" else 0)
+    if scenario == "labels_at_server":  # timed as its own, also when it trains beside the clients
+        assert all(
+            r["timing"]["server_train"] > 0.01 and r["timing"]["configure"] >= 0 for r in rounds
+        )
 
 
 def check_static_batchnorm(run_dir):
