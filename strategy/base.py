@@ -448,6 +448,7 @@ class WeightedAverage(FedAvg):
             self.setup.workers,
             self.setup.audit,
             self.setup.audit_workers,
+            self.server_arrays if self.server_step == "parallel" else None,
         )
         return client_arrays, weights
 

@@ -254,12 +254,15 @@ def loss_check(
     tol: float,
     candidates: list[int] | None = None,
     workers: int = 1,
+    residual_arrays: dict[str, np.ndarray] | None = None,
 ) -> tuple[list[int], dict[str, Any]]:
     """LFR with threshold `tol`: the clients kept and, per client tested (`candidates`, or all),
     the relative loss change (L_all - L_without_m) / L_all (> 0: the average is worse with m;
     None: not tested). Weights are renormalised to their total over each subset; what they leave
-    stays on the global model, as in the update. `workers` > 1: the candidate averages are
-    built and evaluated on that many threads at once (`loss_fn` must then be thread-safe)."""
+    stays on the global model, or on `residual_arrays` (FedRGD's server model), as in the update.
+    `workers` > 1: the candidate averages are built and evaluated on that many threads at once
+    (`loss_fn` must then be thread-safe)."""
+    rest = residual_arrays if residual_arrays is not None else global_arrays
     n = len(client_arrays)
     weights = np.asarray(weights, dtype=np.float64)
     total = float(weights.sum())
@@ -268,7 +271,7 @@ def loss_check(
         w = renormalise(weights[idx], total)
         return {
             k: (
-                weighted_mean(g, [client_arrays[i][k] for i in idx], w).astype(g.dtype)
+                weighted_mean(rest[k], [client_arrays[i][k] for i in idx], w).astype(g.dtype)
                 if np.issubdtype(g.dtype, np.floating)
                 else g
             )
@@ -337,10 +340,12 @@ def defend(
     workers: int = 1,
     audit: Callable[[dict[str, np.ndarray]], float] | None = None,
     audit_workers: int = 1,
+    residual_arrays: dict[str, np.ndarray] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], np.ndarray, dict[str, Any], float]:
     """`server.robust` (`rb`) on one round's updates, in the order they act: the norm bound, the
     agreement filter, the loss check (`audit`: a candidate's validation loss; `tolerance`: the
-    round's fraction) and Krum's selection. Returns the kept updates, their weights (what the
+    round's fraction; `residual_arrays`: where the weight the clients leave goes, if not on the
+    global model) and Krum's selection. Returns the kept updates, their weights (what the
     dropped ones had goes back to the others), what each defence did, and the loss check's
     seconds."""
     diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
@@ -391,6 +396,7 @@ def defend(
             tol,
             tested,
             audit_workers,
+            residual_arrays,
         )
         loss_check_seconds = time.perf_counter() - t0
         info["loss_dropped"] = [keep[i] for i in info["loss_dropped"]]

@@ -397,3 +397,23 @@ def test_the_report_gives_each_scenario_its_own_tables():
         "δ=0.3/labels-at-partial-clients",
     ]
     assert setting(cfgs[2]) == "mnist10k δ=0.3/labels-at-server"
+
+
+def test_the_loss_check_tests_the_model_the_update_makes():
+    """FedRGD in labels_at_server leaves weight on the server's model: the loss check's candidate
+    averages put it there too."""
+    from strategy.robust import loss_check
+
+    seen = []
+
+    def loss(arrays):
+        seen.append(float(arrays["w"][0]))
+        return 1.0
+
+    clients = [{"w": np.full(2, 3.0)}, {"w": np.full(2, 3.0)}, {"w": np.full(2, 3.0)}]
+    weights = np.full(3, 0.2)  # 0.4 left to the residual
+    loss_check({"w": np.zeros(2)}, clients, weights, loss, 0.02, [0], 1, {"w": np.full(2, 10.0)})
+    assert seen and all(abs(v - (0.6 * 3 + 0.4 * 10)) < 1e-9 for v in seen)
+    seen.clear()
+    loss_check({"w": np.zeros(2)}, clients, weights, loss, 0.02, [0], 1)
+    assert all(abs(v - 0.6 * 3) < 1e-9 for v in seen)
