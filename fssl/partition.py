@@ -155,6 +155,18 @@ def long_tailed(
     return np.sort(np.concatenate(keep))
 
 
+def split_pools(
+    y: np.ndarray, num_classes: int, num_labeled: int, seed: int, imbalance_ratio: float | None
+) -> tuple[np.random.Generator, np.ndarray, np.ndarray]:
+    """The run's generator and its two pools: the class-balanced labeled split and the rest,
+    long-tailed when `imbalance_ratio` is given (the generator goes on to spread them)."""
+    rng = np.random.default_rng([seed, 2024])
+    labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
+    if imbalance_ratio is not None:
+        unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    return rng, labeled_pool, unlabeled_pool
+
+
 def make_partition(
     y: np.ndarray,
     num_classes: int,
@@ -171,10 +183,9 @@ def make_partition(
     """`imbalance_ratio`: the unlabeled pool is long-tailed (long_tailed) before it is spread;
     the labeled set and the test set stay balanced. Images left out are used by no client.
     `scenario`, `labeled_clients`: where the labeled split goes (the module's docstring)."""
-    rng = np.random.default_rng([seed, 2024])
-    labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
-    if imbalance_ratio is not None:
-        unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    rng, labeled_pool, unlabeled_pool = split_pools(
+        y, num_classes, num_labeled, seed, imbalance_ratio
+    )
     if scenario != "labels_at_clients":
         return place_labels(
             scenario,
@@ -299,10 +310,9 @@ def flower_partition(
 ) -> Partition:
     """The paper's labeled split, then a Flower Datasets partitioner over both pools together
     (labels_at_clients), or over each pool apart for the other scenarios (place_labels)."""
-    rng = np.random.default_rng([seed, 2024])
-    labeled_pool, unlabeled_pool = balanced_labeled_split(y, num_labeled, num_classes, rng)
-    if imbalance_ratio is not None:
-        unlabeled_pool = long_tailed(unlabeled_pool, y, num_classes, imbalance_ratio, rng)
+    _, labeled_pool, unlabeled_pool = split_pools(
+        y, num_classes, num_labeled, seed, imbalance_ratio
+    )
     if scenario != "labels_at_clients":
         return place_labels(
             scenario,
