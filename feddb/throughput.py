@@ -8,7 +8,12 @@ For each N it starts N in-process runs of the experiment at once (different seed
 cores / N CPU threads, as the sweep gives them), each for `--rounds` rounds, and prints:
 - rounds/s: rounds of all N runs per second of wall time, in the steady state (rounds 2 and later);
 - start-up: seconds a run spends before its first round (data, partition, model, first evaluation);
-- the projected wall time of a sweep of `--sweep-runs` runs of the experiment's full length.
+- the projected wall time of a sweep of `--sweep-runs` runs of the experiment's full length;
+- where a round's time goes (N = the first of --jobs): the clients' training, summed, and the
+  ServerApp's phases (aggregation, evaluation, records), medians over the steady rounds.
+
+`--mps` runs the comparison under NVIDIA's Multi-Process Service, so that the N runs' kernels
+share the GPU at once rather than time-sliced.
 """
 
 from __future__ import annotations
@@ -62,10 +67,10 @@ def run_batch(
     wall = time.perf_counter() - start
     steady, startup = [], []
     for run_dir in dirs:
-        rounds_s = [
-            json.loads(line)["round_seconds"]
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         ]
+        rounds_s = [r["round_seconds"] for r in records]
         total = json.loads((run_dir / "summary.json").read_text())["wall_seconds"]
         steady.append(statistics.median(rounds_s[1:] or rounds_s))
         startup.append(max(0.0, total - sum(rounds_s)))
@@ -73,7 +78,30 @@ def run_batch(
         "wall_seconds": wall,
         "round_seconds": statistics.mean(steady),
         "startup_seconds": statistics.mean(startup),
+        "phases": round_phases(records[1:] or records),
     }
+
+
+def round_phases(records: list[dict]) -> dict[str, float]:
+    """Median seconds per steady round: the round, the clients' training (summed over the round's
+    clients, and the slowest one), and each phase the ServerApp times."""
+
+    def median(values) -> float:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else 0.0
+
+    def train(r: dict) -> list[float]:
+        return [c.get("train_seconds") or 0.0 for c in r.get("clients") or []]
+
+    phases = {
+        "round": median(r["round_seconds"] for r in records),
+        "clients_training_summed": median(sum(train(r)) for r in records),
+        "slowest_client_training": median(max(train(r), default=0.0) for r in records),
+    }
+    keys = sorted({k for r in records for k in (r.get("timing") or {})})
+    for key in keys:
+        phases[f"server_{key}"] = median((r.get("timing") or {}).get(key) for r in records)
+    return phases
 
 
 def projected_sweep_seconds(m: dict[str, float], n: int, runs: int, full_rounds: int) -> float:
@@ -96,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--overrides", default="", help="Hydra overrides for every run")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument(
+        "--mps", action="store_true", help="under NVIDIA's Multi-Process Service (a GPU)"
+    )
     args = ap.parse_args(argv)
     try:
         jobs = [int(j) for j in args.jobs.split(",")]
@@ -110,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         {"method": args.method, "experiment": args.experiment, "overrides": args.overrides}
     )
     full = cfg["num_rounds"]
+    from feddb.resources import mps
+
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, mps(args.mps) as mps_line:
+        if mps_line:
+            print(mps_line)
         for n in jobs:
             m = run_batch(n, args.rounds, args.experiment, args.method, args.overrides, Path(tmp))
             m["rounds_per_second"] = n / m["round_seconds"]
@@ -129,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['startup_seconds']:>10.1f} {m['projected_sweep_seconds'] / 60:>7.1f} min"
             + (f"  ({base / m['projected_sweep_seconds']:.2f}x)" if n != jobs[0] else "")
         )
+    phases = results[jobs[0]]["phases"]
+    print(f"where a steady round goes, {jobs[0]} run(s) at once (median seconds):")
+    for key, value in phases.items():
+        print(f"  {key:<34} {value:8.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"config": vars(args), "results": results}, indent=2))
     return 0

@@ -65,6 +65,8 @@ def provenance(device: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a version string is a nicety
         flwr_version = None
     cpu = cpu_name()
+    if device == "auto":  # record what `auto` chose, so a table can name the GPU it ran on
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and torch.cuda.is_available():
         cpu = torch.cuda.get_device_name(0)
     return {
