@@ -15,8 +15,14 @@ what failed (with the log of each failure) and exits 1 if anything failed.
 `--jobs N` runs N combinations at once through Hydra's joblib launcher plugin (each in its own
 process, with its own in-process engine or SuperLink, FLWR_HOME and ports); each gets
 cores / N CPU threads, so N runs do not oversubscribe the machine. `--jobs auto`: one run per
-core on a CPU-only machine, at most 4 sharing a GPU. A run's result does not depend on N
+core on a CPU-only machine, at most 8 sharing a GPU. A run's result does not depend on N
 (tests/test_sweep_and_report.py runs the same sweep with 1 and 2 jobs).
+
+`--mps` runs the sweep under NVIDIA's Multi-Process Service, so that the kernels of the runs
+sharing a GPU run at once instead of time-sliced. On a GPU the fastest sweep runs N runs in-process
+under MPS (`feddb throughput` measures it; docs/speed.md has the figures):
+
+    feddb sweep --jobs 8 --mps -m sweep=paper/cifar10_dir0.3 'launcher=[python,-m,feddb.inprocess]'
 """
 
 from __future__ import annotations
@@ -142,8 +148,9 @@ def gpu_present() -> bool:
 
 def auto_jobs() -> int:
     """One run per core on a CPU (one thread each: two single-thread runs on 2 cores did twice
-    the work of one two-thread run); with a GPU, at most 4 runs share it."""
-    return min(cores(), 4) if gpu_present() else cores()
+    the work of one two-thread run); with a GPU, at most 8 runs share it (the paper's round
+    on an H200: 8 runs did 2.4x the rounds per second of one, 4 runs 2.2x; docs/speed.md)."""
+    return min(cores(), 8) if gpu_present() else cores()
 
 
 def run_env(run_dir: Path) -> dict[str, str]:
@@ -270,18 +277,36 @@ class SweepSummary(Callback):
             sys.exit(1)
 
 
+def split_mps(argv: list[str]) -> tuple[bool, list[str]]:
+    """`--mps` taken out of the command line; the rest goes to Hydra."""
+    return "--mps" in argv, [a for a in argv if a != "--mps"]
+
+
 def main() -> None:
     import hydra
 
+    from feddb.resources import mps
+
+    use_mps, sys.argv[1:] = split_mps(sys.argv[1:])
     jobs, sys.argv[1:] = split_jobs(sys.argv[1:])
     os.environ["FEDDB_SWEEP_JOBS"] = str(jobs)
     if jobs > 1:  # Hydra's joblib launcher plugin: N jobs at once, each in a worker process
         sys.argv[1:] = [*sys.argv[1:], "hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
         print(f"[sweep] {jobs} runs at once, {max(1, cores() // jobs)} CPU thread(s) each")
     sys.path.insert(0, str(PROJECT))
-    hydra.main(
-        config_path=str(PROJECT / "conf" / "sweeps"), config_name="config", version_base=None
-    )(job)()
+    try:
+        with mps(use_mps) as line:
+            if line:
+                print(f"[sweep] {line}")
+            hydra.main(
+                config_path=str(PROJECT / "conf" / "sweeps"),
+                config_name="config",
+                version_base=None,
+            )(job)()
+    except RuntimeError as err:
+        if not str(err).startswith("--mps"):
+            raise
+        raise SystemExit(f"feddb sweep: {err}") from None
 
 
 if __name__ == "__main__":

@@ -144,14 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     from feddb.resources import mps
 
     results = {}
-    with tempfile.TemporaryDirectory() as tmp, mps(args.mps) as mps_line:
-        if mps_line:
-            print(mps_line)
-        for n in jobs:
-            m = run_batch(n, args.rounds, args.experiment, args.method, args.overrides, Path(tmp))
-            m["rounds_per_second"] = n / m["round_seconds"]
-            m["projected_sweep_seconds"] = projected_sweep_seconds(m, n, args.sweep_runs, full)
-            results[n] = m
+    try:
+        with tempfile.TemporaryDirectory() as tmp, mps(args.mps) as mps_line:
+            if mps_line:
+                print(mps_line)
+            for n in jobs:
+                m = run_batch(
+                    n, args.rounds, args.experiment, args.method, args.overrides, Path(tmp)
+                )
+                m["rounds_per_second"] = n / m["round_seconds"]
+                m["projected_sweep_seconds"] = projected_sweep_seconds(m, n, args.sweep_runs, full)
+                results[n] = m
+    except RuntimeError as err:
+        if not str(err).startswith("--mps"):
+            raise
+        raise SystemExit(f"feddb throughput: {err}") from None
     base = results[jobs[0]]["projected_sweep_seconds"]
     print(
         f"{args.method}, experiment={args.experiment} ({full} rounds a run), "

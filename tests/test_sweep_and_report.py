@@ -328,9 +328,21 @@ def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path
     share = str(max(1, sweep_module.cores() // 2))
     assert all(s["threads"] == share for s in spans)
     assert sweep_module.split_jobs(["--jobs=3", "-m", "seed=0,1"]) == (3, ["-m", "seed=0,1"])
+    assert sweep_module.split_mps(["--mps", "-m", "seed=0"]) == (True, ["-m", "seed=0"])
+    assert sweep_module.split_mps(["-m", "seed=0"]) == (False, ["-m", "seed=0"])
     assert sweep_module.split_jobs(["--jobs", "auto"])[0] == sweep_module.auto_jobs() >= 1
     with pytest.raises(SystemExit, match="--jobs takes a number >= 1 or auto, not '0'"):
         sweep_module.split_jobs(["--jobs", "0"])
+
+
+def test_sweep_mps_without_the_driver_says_what_is_missing(monkeypatch):
+    import feddb.resources
+    import feddb.sweep as sweep_module
+
+    monkeypatch.setattr(feddb.resources.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["feddb sweep", "--mps", "-m", "seed=0"])
+    with pytest.raises(SystemExit, match="nvidia-cuda-mps-control is not on PATH"):
+        sweep_module.main()
 
 
 @pytest.mark.slow
