@@ -201,6 +201,10 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
         ("overrides='train.tau=1.5'", "`train.tau`: 1.5; allowed: a number with 0 < tau <= 1"),
         ("overrides='partition.delta=0'", "`partition.delta`: 0; allowed: a number > 0"),
         ("bogus-key=1", "unknown run-config key(s) ['bogus-key']"),
+        (
+            "scenario='labels_at_server' overrides='fl.fraction_evaluate=0.2'",
+            "in scenario labels_at_server",
+        ),
     ],
 )
 def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
