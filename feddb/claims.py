@@ -223,7 +223,13 @@ def provenance_line(runs: list[dict[str, Any]]) -> str:
     commits = list(dict.fromkeys(str(p.get("commit"))[:7] for p in provs))
     dirty = sum(bool(p.get("dirty")) for p in provs)
     dates = [str(p.get("date", ""))[:10] for p in provs if p.get("date")]
-    hardware = sorted({str(p.get("hardware")) for p in provs if p.get("hardware")})
+    machines: dict[str, int] = {}
+    for p in provs:
+        if p.get("hardware"):
+            on_gpu = str(p.get("device", "")).startswith("cuda")
+            where = f"{p['hardware']}, " + ("on the GPU" if on_gpu else "one CPU thread each")
+            machines[where] = machines.get(where, 0) + 1
+    hardware = [f"{n} runs on {where}" for where, n in sorted(machines.items())]
     seeds = sorted({r["seed"] for r in runs})
     span = " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "date unknown"
     code = (
@@ -234,7 +240,7 @@ def provenance_line(runs: list[dict[str, Any]]) -> str:
     return (
         f"Provenance: {len(runs)} complete runs, started at {code}"
         + (f", {dirty} of them with uncommitted changes in the tree" if dirty else "")
-        + f"; {span}; {'; '.join(hardware) or 'hardware unknown'}, one thread per run; "
+        + f"; {span}; {'; '.join(hardware) or 'hardware unknown'}; "
         f"seeds {', '.join(map(str, seeds))} (per cell below)."
     )
 

@@ -89,6 +89,7 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
         "FedDB beats FixMatch": "fails",
     }
     assert "Provenance: 18 complete runs, started at commit abcdef0;" in md  # unfinished: out
+    assert "18 runs on CPU, 2 cores, one CPU thread each;" in md
     assert "Defences that changed an aggregate: 0 of 18 runs" in md
     rows = list(csv.DictReader((out / "claims.csv").open()))
     dpl = next(r for r in rows if r["a"] == "FixMatch-FedDPL, n_m")
