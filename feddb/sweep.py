@@ -15,14 +15,15 @@ what failed (with the log of each failure) and exits 1 if anything failed.
 `--jobs N` runs N combinations at once through Hydra's joblib launcher plugin (each in its own
 process, with its own in-process engine or SuperLink, FLWR_HOME and ports); each gets
 cores / N CPU threads, so N runs do not oversubscribe the machine. `--jobs auto`: one run per
-core on a CPU-only machine, at most 8 sharing a GPU. A run's result does not depend on N
+core on a CPU-only machine, at most 4 sharing a GPU. A run's result does not depend on N
 (tests/test_sweep_and_report.py runs the same sweep with 1 and 2 jobs).
 
 `--mps` runs the sweep under NVIDIA's Multi-Process Service, so that the kernels of the runs
 sharing a GPU run at once instead of time-sliced. On a GPU the fastest sweep runs N runs in-process
 under MPS (`feddb throughput` measures it; docs/speed.md has the figures):
 
-    feddb sweep --jobs 8 --mps -m sweep=paper/cifar10_dir0.3 'launcher=[python,-m,feddb.inprocess]'
+    feddb sweep --jobs 8 --mps -m sweep=paper/cifar10_dir0.3 'launcher=[python,-m,feddb.inprocess]' \\
+        run_config="data-path='/data'"
 """
 
 from __future__ import annotations
@@ -148,9 +149,10 @@ def gpu_present() -> bool:
 
 def auto_jobs() -> int:
     """One run per core on a CPU (one thread each: two single-thread runs on 2 cores did twice
-    the work of one two-thread run); with a GPU, at most 8 runs share it (the paper's round
-    on an H200: 8 runs did 2.4x the rounds per second of one, 4 runs 2.2x; docs/speed.md)."""
-    return min(cores(), 8) if gpu_present() else cores()
+    the work of one two-thread run); with a GPU, at most 4 runs share it. (In-process paper runs
+    did best at 8 under MPS on an H200, docs/speed.md; runs through Ray size their clients' GPU
+    share as if alone, so `auto` stays at 4 and `--jobs 8` is the user's explicit choice.)"""
+    return min(cores(), 4) if gpu_present() else cores()
 
 
 def run_env(run_dir: Path) -> dict[str, str]:
@@ -277,6 +279,23 @@ class SweepSummary(Callback):
             sys.exit(1)
 
 
+FREE_TEXT = ("run_config", "launcher_args")
+
+
+def quote_free_text(argv: list[str]) -> list[str]:
+    """`run_config=data-path='/data'` as a shell leaves it: Hydra's grammar refuses the second `=`
+    and would split a comma into a sweep. The values of run_config and launcher_args are free text
+    (run-config, launcher options), so they reach Hydra quoted unless the user quoted them."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        if sep and key.lstrip("+~") in FREE_TEXT and not quoted:
+            arg = f'{key}="' + value.replace('"', '\\"') + '"'
+        out.append(arg)
+    return out
+
+
 def split_mps(argv: list[str]) -> tuple[bool, list[str]]:
     """`--mps` taken out of the command line; the rest goes to Hydra."""
     return "--mps" in argv, [a for a in argv if a != "--mps"]
@@ -287,7 +306,7 @@ def main() -> None:
 
     from feddb.resources import mps
 
-    use_mps, sys.argv[1:] = split_mps(sys.argv[1:])
+    use_mps, sys.argv[1:] = split_mps(quote_free_text(sys.argv[1:]))
     jobs, sys.argv[1:] = split_jobs(sys.argv[1:])
     os.environ["FEDDB_SWEEP_JOBS"] = str(jobs)
     if jobs > 1:  # Hydra's joblib launcher plugin: N jobs at once, each in a worker process

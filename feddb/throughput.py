@@ -65,7 +65,7 @@ def run_batch(
         if p.returncode != 0:
             raise SystemExit(f"feddb throughput: a run failed:\n{err[-2000:]}")
     wall = time.perf_counter() - start
-    steady, startup = [], []
+    steady, startup, steady_records = [], [], []
     for run_dir in dirs:
         records = [
             json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -74,11 +74,12 @@ def run_batch(
         total = json.loads((run_dir / "summary.json").read_text())["wall_seconds"]
         steady.append(statistics.median(rounds_s[1:] or rounds_s))
         startup.append(max(0.0, total - sum(rounds_s)))
+        steady_records += records[1:] or records
     return {
         "wall_seconds": wall,
         "round_seconds": statistics.mean(steady),
         "startup_seconds": statistics.mean(startup),
-        "phases": round_phases(records[1:] or records),
+        "phases": round_phases(steady_records),  # the steady rounds of all N runs
     }
 
 

@@ -132,11 +132,18 @@ def test_sweep_table_preset_runs_every_dataset_with_its_paper_experiment(tmp_pat
         assert f"dataset='{d}' partition='dir0.1' experiment='paper/{d}_dir0.1'" in rc
     # dataset, partition and experiment are plain values of the sweep, not training config groups
     res = sweep(
-        tmp_path, "dataset=svhn", "partition=iid", "experiment=paper/svhn_iid", "row=fedavg"
+        tmp_path,
+        "dataset=svhn",
+        "partition=iid",
+        "experiment=paper/svhn_iid",
+        "row=fedavg",
+        # as the shell leaves `run_config="data-path='/data' overrides='a=1,b'"`: free text
+        "run_config=data-path='/data' overrides='dataset.download=true,x'",
     )
     assert res.returncode == 0, res.stdout + res.stderr
     rc = (tmp_path / "out" / "svhn_iid" / "fedavg" / "s0" / "run_config").read_text()
     assert "dataset='svhn' partition='iid' experiment='paper/svhn_iid'" in rc
+    assert "data-path='/data'" in rc and "dataset.download=true,x" in rc
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -330,6 +337,9 @@ def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path
     assert sweep_module.split_jobs(["--jobs=3", "-m", "seed=0,1"]) == (3, ["-m", "seed=0,1"])
     assert sweep_module.split_mps(["--mps", "-m", "seed=0"]) == (True, ["-m", "seed=0"])
     assert sweep_module.split_mps(["-m", "seed=0"]) == (False, ["-m", "seed=0"])
+    assert sweep_module.quote_free_text(
+        ["run_config=a='1' b=2", "run_config='x=1'", 'launcher_args=--y "z"', "seed=0,1"]
+    ) == ["run_config=\"a='1' b=2\"", "run_config='x=1'", 'launcher_args="--y \\"z\\""', "seed=0,1"]
     assert sweep_module.split_jobs(["--jobs", "auto"])[0] == sweep_module.auto_jobs() >= 1
     with pytest.raises(SystemExit, match="--jobs takes a number >= 1 or auto, not '0'"):
         sweep_module.split_jobs(["--jobs", "0"])
