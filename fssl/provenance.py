@@ -57,6 +57,8 @@ def provenance(device: str) -> dict[str, Any]:
     import numpy
     import torch
 
+    from fssl.train import resolve_device
+
     commit, dirty = code_commit()
     try:
         from importlib.metadata import version
@@ -65,8 +67,7 @@ def provenance(device: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a version string is a nicety
         flwr_version = None
     cpu = cpu_name()
-    if device == "auto":  # record what `auto` chose, so a table can name the GPU it ran on
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device).type  # what `auto` chose, so a table can name the GPU
     if device.startswith("cuda") and torch.cuda.is_available():
         cpu = torch.cuda.get_device_name(0)
     return {

@@ -179,3 +179,12 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
     assert reproduce.main([str(table), "--select", "seed=7", "--out", str(out)]) == 2
     assert reproduce.main([str(table), "--select", "colour=red"]) == 2
     assert "choose from regime" in capsys.readouterr().err
+
+
+def test_provenance_records_the_device_that_auto_chose():
+    import torch
+
+    from fssl.provenance import provenance
+
+    assert provenance("auto")["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert provenance("cpu")["device"] == "cpu"
