@@ -214,6 +214,28 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
 
 
 @pytest.mark.slow
+def test_labels_at_partial_clients_through_a_real_simulation(tmp_path):
+    """The scenario the other simulations and the TLS deployment leave out: two fully labeled
+    clients train alone in the warm-up, then every client joins; no client holds both kinds."""
+    out = tmp_path / "run"
+    res = launch(
+        tmp_path,
+        f"method='feddb' scenario='labels_at_partial_clients' num-server-rounds=2 seed=3 "
+        f"output-dir='{out}' overrides='{TINY} fl.fraction_train=1.0 train.warmup_rounds=1'",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    first, second = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(c["partition_id"] for c in first["clients"]) == [0, 1]
+    assert sorted(c["partition_id"] for c in second["clients"]) == [0, 1, 2, 3]
+    for c in second["clients"]:
+        labeled = c["partition_id"] < 2
+        assert (c["num_labeled"] > 0) == labeled and (c["pseudo_label_ratio"] == 0) == labeled
+    hist = json.loads((out / "partition_summary.json").read_text())
+    assert sum(hist["server"]) == 0 and [sum(h) for h in hist["labeled"]][2:] == [0, 0]
+    assert not flower_pids(tmp_path / "flwr-home")
+
+
+@pytest.mark.slow
 def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
     """Per-client messages with helper ArrayRecords, through Flower's serialisation and Ray, on a
     Flower Datasets partition (two classes per client)."""
