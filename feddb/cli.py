@@ -24,6 +24,7 @@ COMMANDS = {
     ),
     "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
     "throughput": ("feddb.throughput", "a sweep's rounds per second with N runs side by side"),
+    "floor": ("feddb.floor", "a sweep's FLOPs, counted, and the fastest fp32 could run them here"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)

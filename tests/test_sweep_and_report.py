@@ -393,3 +393,36 @@ def test_the_throughput_projection_counts_batches_of_concurrent_runs():
     assert projected_sweep_seconds(m, 2, 43, 80) == 22 * 170.0
     with pytest.raises(SystemExit):
         main(["--jobs", "one,two"])
+
+
+def test_the_floor_counts_a_sweeps_runs_and_a_run_from_three_short_ones(tmp_path):
+    from feddb.floor import counted_flops, run_flops, sweep_rows
+
+    rows = sweep_rows(["mnist_miniature", "mnist_miniature_others"])
+    assert sum(r["runs"] for r in rows) == 43 and len(rows) == 11
+    assert all("experiment='miniature'" in r["run_config"] for r in rows)
+    with pytest.raises(SystemExit, match="no sweep preset 'nope'; choose from claims_authors"):
+        sweep_rows(["nope"])
+    tiny = (
+        "fl.num_clients=20 fl.fraction_train=0.1 dataset.num_labeled=40 train.local_steps=2 "
+        "train.batch_size=8 train.mu=2 train.tau=0.5 dataset.val_size=0 logging.tensorboard=false"
+    )
+    overrides = f"{tiny} train.warmup_rounds=1"  # one labels-only round, then semi-supervised
+    est = run_flops(
+        f"method='feddb' experiment='quick' partition='iid' num-server-rounds=4 "
+        f"overrides='{overrides}'",
+        tmp_path,
+    )
+    assert est["semi_round"] > est["warmup_round"] > 0  # the unlabeled images' steps
+    exact = counted_flops(
+        {
+            "method": "feddb",
+            "experiment": "quick",
+            "partition": "iid",
+            "seed": 0,
+            "num-server-rounds": 4,
+            "output-dir": str(tmp_path / "exact"),
+            "overrides": overrides,
+        }
+    )
+    assert est["run"] == pytest.approx(exact, rel=0.02)
