@@ -10,8 +10,9 @@ labels-only warm-up. Their differences give the initial evaluation, a warm-up ro
 semi-supervised round (clients' training, their passes, the server's evaluation); a full run is
 the first plus its rounds of each kind. Rows are counted at seed 0 and the presets' first dataset
 and partition; sampled clients differ in size from round to round, so a run's count is an
-estimate within a few per cent. Work outside torch (augmentation, DMA's solver, Flower) is not
-counted, so the floor is a lower bound.
+estimate within a few per cent. SemiFL trains on its confident images only, few of them in round
+2, so its rows are counted low; work outside torch (augmentation, DMA's solver, Flower) is not
+counted at all: the floor is a lower bound.
 
 The rates, one thread each, times the CPU cores: a 2048 x 2048 fp32 matrix multiply (about the
 cores' fp32 peak) and the model's own training step (forward and backward over one mini-batch of
