@@ -1,6 +1,6 @@
 """`feddb <command> [options]`: one entry point for the project's tools; `feddb <command> --help`
-describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks, bench, overhead
-and startup measure;
+describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks, bench, overhead,
+startup, throughput and floor measure;
 deploy runs the same apps on SuperLink and SuperNodes."""
 
 from __future__ import annotations
