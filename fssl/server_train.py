@@ -9,8 +9,9 @@ BatchNorm statistics are then recomputed on the server's labeled images (SemiFL'
 `sbn=0` variant: the server's data only, since clients' images never reach a real server).
 
 When the server trains is the strategy's (strategy.base, `server_step`): after aggregation
-(alternate training, SemiFL's; FixMatch, FedDB and labels-only FedAvg too) or on the round's global
-model while the clients train (FedRGD's grouped averaging, FedMatch's sigma).
+(alternate training, SemiFL's; FedMatch's sigma step, as its official code opens each round;
+FixMatch, FedDB and labels-only FedAvg too) or on the round's global model while the clients train
+(FedRGD's grouped averaging).
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ class WeightedAverage(FedAvg):
 
     trainer: str | None = None  # the one trainer its clients must run; None: any but those
     # labels_at_server: when the server trains on its labels. alternate: the aggregate, before
-    # it goes out (SemiFL's alternate training); parallel: the round's global model while the
-    # clients train, then the strategy combines both (FedRGD's server model, FedMatch's sigma)
+    # it goes out (SemiFL's alternate training, FedMatch's sigma step); parallel: the round's global
+    # model while the clients train, then the strategy combines both (FedRGD's server model)
     server_step = "alternate"
 
     @staticmethod

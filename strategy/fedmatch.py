@@ -8,9 +8,9 @@ psi of its H nearest clients by a KD-tree over all cached embeddings, as ArrayRe
 The caches are part of the strategy state, so checkpoints carry them.
 
 labels_at_server (FedMatch's own variant): the clients hold no labels, so they train psi only; the
-server trains sigma (and the other sigma-side arrays) on its labels from the round's global model
-while they train, and the new global model takes the server's sigma side and the clients' averaged
-psi (`server_step = "parallel"`).
+server trains sigma (and the other sigma-side arrays, psi held fixed) on its labels before the model
+goes out, as the official code's `train_global_model()` opens each round, so the clients train psi
+against the new sigma (`server_step = "alternate"`, the base class's).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from .contract import numpy_to_arrays
 
 class FedMatch(WeightedAverage):
     trainer = "fedmatch"  # its clients train decomposed models (sigma + psi)
-    server_step = "parallel"
 
     def __init__(
         self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
@@ -45,17 +44,6 @@ class FedMatch(WeightedAverage):
         )
         self.embeddings: dict[int, np.ndarray] = {}
         self.psi: dict[int, dict[str, np.ndarray]] = {}
-
-    def server_update(
-        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
-    ) -> dict[str, np.ndarray]:
-        new = super().server_update(client_arrays, weights)
-        if self.server_arrays is not None:  # labels_at_server: sigma is the server's
-            for key, value in self.server_arrays.items():
-                if not fedmatch.is_psi(key):
-                    new[key] = value.copy()
-                    self.momentum_buffer.pop(key, None)
-        return new
 
     def helpers_for(self, pid: int, server_round: int) -> list[int]:
         m = self.cfg["method"]

@@ -204,15 +204,28 @@ def test_fedrgd_groups_average_with_the_servers_model_when_it_has_labels():
     assert np.allclose(s.server_update([arrays(3.0)] * 4, coefficients)["a.weight"], 2.0)
 
 
-def test_fedmatch_takes_sigma_from_the_server_and_psi_from_the_clients():
-    from fssl.fedmatch import PSI_SUFFIX, SIGMA_SUFFIX
+def test_fedmatchs_server_trains_sigma_on_its_labels_and_leaves_psi():
+    """FedMatch's labels-at-server variant: the server's step (after aggregation, before the
+    model goes out, as the official code's train_global_model() opens each round) moves the
+    sigma side on its labels and holds every psi."""
+    from fssl import fedmatch
+    from fssl.runtime import dataset_for, partition_for
+    from fssl.server_train import ServerLabels
 
-    keys = ("conv" + SIGMA_SUFFIX, "conv" + PSI_SUFFIX, "norm.bias")
-    s = strategy_for("scenario=labels_at_server server.momentum=0", "fedmatch", [(0, 900)] * 2)
-    s.global_arrays, s.server_arrays = arrays(0.0, keys), arrays(5.0, keys)
-    new = s.server_update([arrays(1.0, keys), arrays(3.0, keys)], np.array([0.5, 0.5]))
-    assert np.allclose(new["conv" + PSI_SUFFIX], 2.0)  # the clients' average
-    assert np.allclose(new["conv" + SIGMA_SUFFIX], 5.0) and np.allclose(new["norm.bias"], 5.0)
+    cfg, _ = resolve(
+        {
+            "method": "fedmatch",
+            "scenario": "labels_at_server",
+            "overrides": "dataset.num_labeled=40 train.local_steps=2 train.batch_size=8",
+        }
+    )
+    server = ServerLabels(cfg, dataset_for(cfg), partition_for(cfg), torch.device("cpu"))
+    assert server.size == 40
+    before = {k: v.clone() for k, v in server.model.state_dict().items()}
+    after = server.train(1, before)
+    moved = {k: not torch.equal(before[k], after[k]) for k in before if "running" not in k}
+    assert not any(m for k, m in moved.items() if fedmatch.is_psi(k))
+    assert any(m for k, m in moved.items() if not fedmatch.is_psi(k))
 
 
 def test_static_batchnorm_is_the_statistics_of_the_servers_images():
@@ -317,7 +330,9 @@ class StubServer:
         return {k: v + 100 for k, v in state.items()}
 
 
-@pytest.mark.parametrize("method,after", [("semifl", "alternate"), ("fedrgd", "parallel")])
+@pytest.mark.parametrize(
+    "method,after", [("semifl", "alternate"), ("fedmatch", "alternate"), ("fedrgd", "parallel")]
+)
 def test_the_server_trains_after_aggregation_or_beside_the_clients(method, after):
     from flwr.app import ArrayRecord
 
@@ -330,8 +345,8 @@ def test_the_server_trains_after_aggregation_or_beside_the_clients(method, after
     aggregate = ArrayRecord({"w": torch.ones(2)})
     loop.server_model = loop.server_train(1, start)  # what push_train does in parallel
     got = loop.after_aggregate(1, aggregate, start).to_torch_state_dict()["w"]
-    # alternate (SemiFL): the server fine-tunes the aggregate; parallel (FedRGD): the strategy
-    # has already combined the server's model with the clients'
+    # alternate (SemiFL, FedMatch): the server fine-tunes the aggregate; parallel (FedRGD): the
+    # strategy has already combined the server's model with the clients'
     assert torch.equal(got, torch.full((2,), 101.0 if after == "alternate" else 1.0))
     # a round no client joined (labels-only or warm-up): the server's model, either way
     none = loop.after_aggregate(1, None, start).to_torch_state_dict()["w"]
