@@ -314,11 +314,14 @@ class WeightedAverage(FedAvg):
                 "at_cap": res.at_cap,
             }
         if self.cfg["server"]["weighting"] == "samples":
-            # n_m: the examples client m trains on (its labels alone for labels-only training)
+            # n_m: the examples client m trains on (its labels alone for labels-only training,
+            # and for a labeled client of labels_at_partial_clients, whose unlabeled set is its
+            # labeled images again, for APP-U)
             unl = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled and not warmup
+            partial = (self.cfg.get("scenario") or {}).get("name") == "labels_at_partial_clients"
             sizes = np.array(
                 [
-                    n_l + unl * n_u
+                    n_l + (unl and not (partial and n_l > 0)) * n_u
                     for n_l, n_u in (self.trusted_sizes(p["metrics"]) for p in parsed)
                 ],
                 dtype=np.float64,

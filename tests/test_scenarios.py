@@ -187,6 +187,24 @@ def test_rounds_sample_only_clients_with_something_to_learn(method):
     assert s.sample(5, 0.5) == sorted(int(i) for i in rng.choice(6, 3, replace=False))
 
 
+def test_a_labeled_client_of_partial_clients_weighs_its_labels_once():
+    """Its unlabeled set is its labeled images again (for APP-U); it trains on its labels alone,
+    so n_m = n_l, not n_l + n_u."""
+    sizes = [(50, 50), (50, 50), (0, 900), (0, 900)]
+    s = strategy_for(
+        "fl.num_clients=4 train.warmup_rounds=1 server.weighting=samples "
+        "scenario=labels_at_partial_clients",
+        "fixmatch",
+        sizes,
+    )
+    parsed = [
+        {"metrics": {"partition_id": pid, "num_labeled": n_l, "num_unlabeled": n_u}}
+        for pid, (n_l, n_u) in ((0, sizes[0]), (2, sizes[2]))
+    ]
+    assert np.allclose(s.aggregation_weights(parsed, 2)[0], [50 / 950, 900 / 950])
+    assert np.allclose(s.aggregation_weights(parsed, 1)[0], [1.0, 0.0])  # warm-up: labels only
+
+
 def arrays(value, keys=("a.weight", "b.bias")):
     return {k: np.full(3, value, dtype=np.float32) for k in keys}
 
