@@ -402,6 +402,7 @@ class WeightedAverage(FedAvg):
             record.dma = record.gradient_diversity = None
             return None, MetricRecord({"valid_replies": len(parsed)})
         weights, diagnostics = self.aggregation_weights(parsed, server_round)
+        weights = self.without_idle_clients(parsed, weights, server_round)
         client_arrays = [p["arrays"] for p in parsed]
         # a diagnostic: computed (on one thread) when the round is recorded, after the next
         # round's instructions have gone out, instead of on the round's critical path
@@ -415,6 +416,29 @@ class WeightedAverage(FedAvg):
         record.dma = diagnostics or None
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
+
+    def without_idle_clients(
+        self, parsed: list[dict[str, Any]], weights: np.ndarray, server_round: int
+    ) -> np.ndarray:
+        """SemiFL as published: a client without labels whose pseudo-labels all fell below tau
+        trained on nothing and sits the round out (its official code leaves it out of the
+        update), so the others share its weight; with none left the global model stays."""
+        if (
+            self.cfg["method"]["trainer"] != "semifl"
+            or server_round <= self.cfg["train"]["warmup_rounds"]
+        ):
+            return weights
+        idle = np.array(
+            [
+                p["metrics"]["num_labeled"] == 0
+                and not (p["metrics"].get("pseudo_label_count") or 0)
+                for p in parsed
+            ]
+        )
+        if not idle.any():
+            return weights
+        kept = np.where(idle, 0.0, weights)
+        return kept / kept.sum() if kept.sum() > 0 else kept
 
     def coefficients(
         self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray

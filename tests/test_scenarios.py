@@ -205,6 +205,24 @@ def test_a_labeled_client_of_partial_clients_weighs_its_labels_once():
     assert np.allclose(s.aggregation_weights(parsed, 1)[0], [1.0, 0.0])  # warm-up: labels only
 
 
+@pytest.mark.parametrize("method", ["semifl", "fixmatch"])
+def test_a_semifl_client_with_no_confident_pseudo_label_sits_the_round_out(method):
+    """SemiFL's official code leaves such a client out of the update; here it keeps no weight and
+    the others share it. Other methods weigh every reply as before."""
+    s = strategy_for("scenario=labels_at_server train.warmup_rounds=1", method, [(0, 900)] * 3)
+    parsed = [
+        {"metrics": {"partition_id": i, "num_labeled": 0, "pseudo_label_count": c}}
+        for i, c in enumerate((0, 30, 10))
+    ]
+    w = np.full(3, 1 / 3)
+    got = s.without_idle_clients(parsed, w, 2)
+    assert np.allclose(got, [0, 0.5, 0.5] if method == "semifl" else w)
+    assert np.allclose(s.without_idle_clients(parsed, w, 1), w)  # warm-up: labels only
+    for p in parsed:
+        p["metrics"]["pseudo_label_count"] = 0
+    assert np.allclose(s.without_idle_clients(parsed, w, 2), 0 if method == "semifl" else w)
+
+
 def arrays(value, keys=("a.weight", "b.bias")):
     return {k: np.full(3, value, dtype=np.float32) for k in keys}
 
