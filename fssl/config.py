@@ -525,6 +525,38 @@ def check_scenario(cfg: dict[str, Any]) -> None:
             note="in scenario labels_at_server (federated evaluation runs on the clients' "
             "labels, and they hold none)",
         )
+    check_scenario_method(cfg, name)
+
+
+def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
+    """Settings of a scenario or a method that cannot act where the labels are not, named."""
+    sc, method = cfg["scenario"], cfg["method"]["name"]
+    for key, home in (
+        ("server_epochs", "labels_at_server"),
+        ("labeled_clients", "labels_at_partial_clients"),
+    ):
+        if sc.get(key) is not None and name != home:
+            raise ConfigError(
+                f"scenario.{key}={sc[key]} applies to scenario {home} only, and this run's is "
+                f"{name} (method {method}): drop it, or set scenario={home}"
+            )
+    if (
+        cfg["method"].get("static_bn")
+        and cfg["model"]["norm"] == "bn"
+        and name != "labels_at_server"
+    ):
+        raise ConfigError(
+            f"method {method} in scenario {name}: method.static_bn recomputes BatchNorm "
+            "statistics on the server's labeled images, and the server holds none here: set "
+            "method.static_bn=false (running statistics), or scenario=labels_at_server"
+        )
+    rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
+    if name == "labels_at_server" and cfg["method"]["trainer"] != "supervised" and warmup >= rounds:
+        raise ConfigError(
+            f"method {method} in scenario labels_at_server: train.warmup_rounds={warmup} >= "
+            f"num_rounds={rounds}, and a labels-only round is the server's alone, so no client "
+            "would ever train: lower train.warmup_rounds, or run method=fedavg (the server alone)"
+        )
 
 
 def check_flower_partitioner(cfg: dict[str, Any]) -> None:

@@ -111,6 +111,23 @@ def test_labels_at_partial_clients_gives_all_labels_to_the_first_clients(labels)
             {"scenario": "labels_at_server", "method": "fixmatch", "strategy": "qfedavg"},
             "strategy=qfedavg weighs each client by its loss on its labels",
         ),
+        (
+            {"scenario": "labels_at_clients", "overrides": "scenario.server_epochs=3"},
+            "scenario.server_epochs=3 applies to scenario labels_at_server only, and this run's "
+            "is labels_at_clients \\(method feddb\\)",
+        ),
+        (
+            {"scenario": "labels_at_server", "overrides": "scenario.labeled_clients=3"},
+            "scenario.labeled_clients=3 applies to scenario labels_at_partial_clients only",
+        ),
+        (
+            {"method": "semifl", "overrides": "model.norm=bn"},
+            "method semifl in scenario labels_at_clients: method.static_bn recomputes BatchNorm",
+        ),
+        (
+            {"scenario": "labels_at_server", "method": "fixmatch", "num-server-rounds": 5},
+            "method fixmatch in scenario labels_at_server: train.warmup_rounds=10 >= num_rounds=5",
+        ),
     ],
 )
 def test_combinations_that_make_no_sense_are_refused(run_config, match):
