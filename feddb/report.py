@@ -56,6 +56,7 @@ ORDER = [
     "FedMatch",
     "FedRGD",
     "SemiFL",
+    "SemiFL (static BN)",
     "FixMatch-FedDPL",
     "FedMatch-FedDPL",
     "FedRGD-FedDPL",
@@ -96,6 +97,8 @@ def local_variant(cfg: dict[str, Any]) -> str:
         name += "-FedDPL" if dpl and m["name"] != "feddb" else (" w/o DPL" if not dpl else "")
     if dma != bool(m["dma"]):
         name += "+DMA" if dma else " w/o DMA"
+    if m.get("static_bn") and cfg["model"]["norm"] == "bn":  # SemiFL as published: its own row
+        name += " (static BN)"
     return name
 
 

@@ -448,7 +448,7 @@ def test_a_flower_strategy_runs_rounds_no_client_joins(tmp_path):
 
 
 def test_the_report_gives_each_scenario_its_own_tables():
-    from feddb.report import partition_order, placed_partition, setting
+    from feddb.report import partition_order, placed_partition, setting, variant
 
     cfgs = [
         resolve({"scenario": s, "partition": p})[0]
@@ -465,6 +465,12 @@ def test_the_report_gives_each_scenario_its_own_tables():
         "δ=0.3/labels-at-partial-clients",
     ]
     assert setting(cfgs[2]) == "mnist10k δ=0.3/labels-at-server"
+    # SemiFL as published (BatchNorm, static BN) is a row of its own beside the GroupNorm SemiFL
+    native = resolve(
+        {"method": "semifl", "scenario": "labels_at_server", "overrides": "model.norm=bn"}
+    )
+    adapted = resolve({"method": "semifl", "scenario": "labels_at_server"})
+    assert [variant(native[0]), variant(adapted[0])] == ["SemiFL (static BN)", "SemiFL"]
 
 
 def test_the_loss_check_tests_the_model_the_update_makes():
