@@ -8,8 +8,11 @@ pseudo-label (confident or not). With lambda ~ Beta(alpha, alpha), one per step:
         + lambda CE(y_fix, f(x_mix)) + (1 - lambda) CE(y_partner, f(x_mix)),
     x_mix = lambda a(u_fix) + (1 - lambda) a(u_partner)       (a weak, A strong views)
 The fix and mix terms are batch means (no N_u normalisation: the mask was applied when the sets were
-built). A client with no confident sample trains on its labels only. Server fine-tuning and static BN
-are dropped: in labels-at-clients the server has no data.
+built). A client with no confident sample trains on its labels only; without labels it trains on
+nothing and sits the round out (strategy.base: without_idle_clients). In labels-at-clients the
+server has no data, so server fine-tuning and static BN are dropped there; in labels-at-server
+(SemiFL's own) the server fine-tunes the aggregate and, with model.norm=bn, recomputes BatchNorm
+statistics on its labels (fssl/server_train.py).
 """
 
 from __future__ import annotations
