@@ -265,6 +265,8 @@ PAIRS = [
     ("FixMatch-FedDPL", "FedAvg"),
     ("FedDB", "FedAvg"),
     ("SemiFL", "FedAvg"),
+    ("SemiFL (static BN)", "FedAvg"),
+    ("SemiFL (static BN)", "SemiFL"),
     ("FedRGD", "FedAvg"),
     ("FedMatch", "FedAvg"),
     ("FedDB", "FixMatch-FedDPL"),

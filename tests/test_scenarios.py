@@ -448,7 +448,7 @@ def test_a_flower_strategy_runs_rounds_no_client_joins(tmp_path):
 
 
 def test_the_report_gives_each_scenario_its_own_tables():
-    from feddb.report import partition_order, placed_partition, setting, variant
+    from feddb.report import paired, partition_order, placed_partition, setting, variant
 
     cfgs = [
         resolve({"scenario": s, "partition": p})[0]
@@ -471,6 +471,16 @@ def test_the_report_gives_each_scenario_its_own_tables():
     )
     adapted = resolve({"method": "semifl", "scenario": "labels_at_server"})
     assert [variant(native[0]), variant(adapted[0])] == ["SemiFL (static BN)", "SemiFL"]
+    runs = [
+        {"setting": "s", "variant": v, "seed": seed, "final": acc + seed / 100}
+        for v, acc in (("FedAvg", 0.90), ("SemiFL", 0.93), ("SemiFL (static BN)", 0.95))
+        for seed in (0, 1, 2)
+    ]
+    got = {(p["a"], p["b"]): round(p["mean"], 6) for p in paired(runs)}
+    assert (
+        got[("SemiFL (static BN)", "FedAvg")] == 5.0
+        and got[("SemiFL (static BN)", "SemiFL")] == 2.0
+    )
 
 
 def test_the_loss_check_tests_the_model_the_update_makes():
