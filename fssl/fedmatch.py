@@ -32,6 +32,9 @@ Adaptations to this project's models and scaffold (the official ResNet-9 has no 
 - The L2 term (sigma - psi)^2 is averaged over the psi values (`l2_reduction: mean`), not summed: at
   this project's lr and clip the official sum (lambda_l2 = 10) had a gradient about 1000x the
   unlabeled terms', so every psi step only pulled psi towards sigma (measured; docs/results.md).
+- Labeled images and the pseudo-label/KL view are weak views (`view: weak`), not the official raw
+  images (`view: raw`): with 100 labels raw images cost 1.0-2.5 points of validation accuracy
+  (measured; docs/results.md).
 - Sparse transport (delta/L1 thresholds on uploads) is not simulated: full arrays travel both ways.
 - DPL (SPEC section 2): the local model's and the helpers' probabilities are both debiased with the
   client's APP-U before gating and voting (the bias removed is the local label prior); the KL targets

@@ -40,7 +40,7 @@ def test_bf16_and_channels_last_train_like_fp32(method):
     assert got["app_u_global"] == pytest.approx(ref["app_u_global"], abs=0.01)
     # the shipped estimate includes the trained local models, where bf16's rounding has built up
     # over the local steps (as in the weights, below)
-    assert got["app_u"] == pytest.approx(ref["app_u"], abs=0.03)
+    assert got["app_u"] == pytest.approx(ref["app_u"], abs=0.04)
     a, b = ref_model.state_dict(), model.state_dict()
     assert all(torch.allclose(a[k].float(), b[k].float(), atol=0.05) for k in a)
 
