@@ -125,6 +125,16 @@ def test_psi_step_is_the_gradient_of_the_l2_and_l1_terms(reduction):
             assert torch.allclose(new, expected, atol=1e-6)
 
 
+def test_fedmatch_sees_weak_views_by_default_and_raw_images_when_asked():
+    """Raw labeled images overfit 100 labels (docs/results.md): weak views are the default."""
+    x = toy_data().x_l
+    for view, changed in (("weak", True), (None, True), ("raw", False)):
+        cfg = cfg_for("fedmatch", *([f"method.view={view}"] if view else []))
+        trainer = make_trainer(cfg, (0.5,), (0.5,), torch.device("cpu"))
+        trainer.gen = torch.Generator().manual_seed(0)
+        assert (not torch.equal(trainer.view(x), x)) is changed, view
+
+
 def test_agreement_labels_vote_gate_on_the_local_model_and_debias_every_voter():
     local = torch.tensor([[0.90, 0.05, 0.05], [0.40, 0.35, 0.25], [0.50, 0.45, 0.05]])
     h1 = torch.tensor([[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
