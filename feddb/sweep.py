@@ -189,7 +189,7 @@ def split_jobs(argv: list[str]) -> tuple[int, list[str]]:
     return int(jobs), rest
 
 
-PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0}
+PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0, "id": None}
 
 
 def count_jobs(params: dict[str, str], task: list[str]) -> int:
@@ -202,6 +202,9 @@ def count_jobs(params: dict[str, str], task: list[str]) -> int:
             values[key.lstrip("+~")] = val
     total = 1
     for v in values.values():
+        one_quoted = len(v) > 1 and v[0] in "'\"" and v[-1] == v[0] and v.count(v[0]) == 2
+        if v.startswith(("[", "{")) or one_quoted:  # one value, whatever commas it holds
+            continue
         if "(" in v:  # range(), choice(), ...: not counted
             return 0
         total *= len([x for x in v.split(",") if x != ""]) or 1
@@ -213,8 +216,16 @@ def eta(seconds: float) -> str:
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
 
+def this_sweeps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records this sweep wrote: another sweep into the same folder at the same time
+    appends to the same status file, and its runs and failures are not ours to count."""
+    sweep_id = os.environ.get("FEDDB_SWEEP_ID", PROGRESS.get("id"))
+    return [r for r in records if r.get("sweep") == sweep_id]
+
+
 def job(cfg: Any) -> None:
     record = run_one(cfg)
+    record["sweep"] = os.environ.get("FEDDB_SWEEP_ID", PROGRESS.get("id"))
     out = Path(str(cfg.out)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / STATUS, "a") as f:
@@ -223,7 +234,7 @@ def job(cfg: Any) -> None:
     start = float(os.environ.get("FEDDB_SWEEP_START", PROGRESS["start"]))
     total = int(os.environ.get("FEDDB_SWEEP_TOTAL", PROGRESS["total"]))
     lines = (out / STATUS).read_text().splitlines()
-    mine = [r for r in map(json.loads, lines) if r["time"] >= start]
+    mine = this_sweeps(list(map(json.loads, lines)))
     done, ran = len(mine), sum(r["status"] != "skipped" for r in mine)
     progress = f"{done}/{total}" if total else f"{done}"
     if total and ran:
@@ -252,9 +263,13 @@ class SweepSummary(Callback):
             task = list(config.hydra.overrides.task)
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
-        PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start)
+        sweep_id = f"{os.getpid()}-{self.start}"
+        PROGRESS.update(
+            total=count_jobs(params, task), done=0, ran=0, start=self.start, id=sweep_id
+        )
         # inherited by the worker processes of --jobs (started after this)
         os.environ["FEDDB_SWEEP_START"] = str(self.start)
+        os.environ["FEDDB_SWEEP_ID"] = sweep_id
         os.environ["FEDDB_SWEEP_TOTAL"] = str(PROGRESS["total"])
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
@@ -262,7 +277,7 @@ class SweepSummary(Callback):
         records = (
             [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() else []
         )
-        mine = [r for r in records if r["time"] >= getattr(self, "start", 0)]
+        mine = this_sweeps(records)
         by = {s: [r for r in mine if r["status"] == s] for s in ("done", "skipped", "failed")}
         print(
             f"[sweep] {len(mine)} combinations: {len(by['done'])} run, {len(by['skipped'])} "

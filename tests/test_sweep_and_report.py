@@ -75,6 +75,26 @@ def test_sweep_runs_each_combination_skips_complete_ones_and_reports_failures(tm
     assert (root / "fedavg" / "s0" / "calls").read_text() == "1"  # not run twice
 
 
+NEIGHBOUR_STUB = STUB.replace(
+    "calls = out",
+    """status = out.parents[2] / "sweep_status.jsonl"  # a sweep beside this one, same folder
+with open(status, "a") as f:
+    f.write(json.dumps({"row": "fixmatch", "dataset": "mnist10k", "partition": "dir0.3",
+        "seed": 7, "run_dir": "x", "time": 9e9, "sweep": "neighbour", "status": "failed",
+        "reason": "exit 1"}) + "\\n")
+calls = out""",
+)
+
+
+def test_a_sweep_counts_its_own_runs_not_those_of_a_sweep_beside_it(tmp_path):
+    """Two sweeps into one folder share its status file; neither may count, or fail on, the
+    other's runs (it did: "6/4" and exit 1 for the neighbour's failure)."""
+    res = sweep(tmp_path, "row=fedavg", "seed=0,2", stub_text=NEIGHBOUR_STUB)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 combinations: 2 run, 0 already complete, 0 failed" in res.stdout
+    assert "2/2" in res.stdout and "3/2" not in res.stdout and "FAILED" not in res.stdout
+
+
 def test_sweep_rejects_an_unknown_row(tmp_path):
     res = sweep(tmp_path, "row=fedbogus")
     assert res.returncode == 1 and "unknown row 'fedbogus'; choose from fedavg" in res.stdout
@@ -426,3 +446,11 @@ def test_the_floor_counts_a_sweeps_runs_and_a_run_from_three_short_ones(tmp_path
         }
     )
     assert est["run"] == pytest.approx(exact, rel=0.02)
+
+
+def test_a_list_or_one_quoted_value_is_not_a_sweep_in_the_progress_count():
+    from feddb.sweep import count_jobs
+
+    task = ["row=a,b", "seed=0,1,2", "launcher=[python,stub.py]", "run_config='x=1,2'"]
+    assert count_jobs({}, task) == 6
+    assert count_jobs({"seed": "range(3)"}, []) == 0  # cannot tell
