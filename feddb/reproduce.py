@@ -1,11 +1,12 @@
 """Re-run published runs and check that they land where the docs say: `feddb reproduce`.
 
-    feddb reproduce docs/claims/runs.csv --select "regime=cpu setting=dir0.3 seed=0" \
+    feddb reproduce docs/claims/runs.csv --select "regime=cpu partition=dir0.3 seed=0" \
         --rows fixmatch,fixmatch-feddpl,feddb
+    feddb reproduce docs/scenarios/runs.csv --select "scenario=labels_at_server seed=0"
 
 A table's runs.csv (written by `feddb report` and `feddb claims` beside their tables) lists every run
-it was made from: its sweep row, dataset, partition, seed, final test accuracy, the commit that made
-it and its exact run-config. This re-runs the selected ones with the current code and that
+it was made from: its sweep row, dataset, partition, scenario, seed, final test accuracy, the commit
+that made it and its exact run-config. This re-runs the selected ones with the current code and that
 run-config, in process (into --out; finished runs there are reused), and compares final test
 accuracy with the published value. It exits 1 if any lands further than --tolerance points away.
 
@@ -25,12 +26,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fssl.partition import scenario_of
+
 TOLERANCE = 1.5
+DEFAULT_SCENARIO = "labels_at_clients"
 FIELDS = [
     "regime",
     "row",
     "dataset",
     "partition",
+    "scenario",
     "seed",
     "final",
     "selected",
@@ -48,11 +53,14 @@ def run_fields(run: dict) -> dict:
     rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
     prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
     rc = {k: v for k, v in rc.items() if k not in ("output-dir", "resume") and v != ""}
+    # the same row and seed run in each scenario: the scenario tells their lines apart
+    scenario = scenario_of(run["cfg"])[0] if "cfg" in run else rc.get("scenario", DEFAULT_SCENARIO)
     return {
         "regime": run.get("regime", ""),
         "row": d.parent.name,
         "dataset": dataset,
         "partition": partition,
+        "scenario": scenario,
         "seed": run["seed"],
         "final": f"{100 * run['final']:.2f}",
         "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
@@ -65,7 +73,14 @@ def write_runs(runs: list[dict], path: Path) -> None:
     """runs.csv: every run a table was made from, for `feddb reproduce`."""
     lines = sorted(
         (run_fields(r) for r in runs),
-        key=lambda f: (f["regime"], f["dataset"], f["partition"], f["row"], f["seed"]),
+        key=lambda f: (
+            f["regime"],
+            f["scenario"],
+            f["dataset"],
+            f["partition"],
+            f["row"],
+            f["seed"],
+        ),
     )
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -81,8 +96,28 @@ def select(lines: list[dict], where: str, rows: list[str]) -> list[dict]:
     return [
         x
         for x in lines
-        if all(str(x[k]) == v for k, v in conditions) and (not rows or x["row"] in rows)
+        if all(str(field(x, k)) == v for k, v in conditions) and (not rows or x["row"] in rows)
     ]
+
+
+def field(line: dict, key: str) -> str:
+    """A runs.csv field; files written before the scenario column hold labels-at-clients runs."""
+    value = line.get(key)
+    return value if value is not None else (DEFAULT_SCENARIO if key == "scenario" else "")
+
+
+def rerun_dir(line: dict, out: Path) -> Path:
+    """<out>/<regime or ->/[<scenario>/]<dataset>_<partition>/<row>/s<seed>: one folder per
+    published run, the paper's scenario without a level of its own."""
+    scenario = field(line, "scenario")
+    return (
+        out
+        / (line["regime"] or "-")
+        / ("" if scenario == DEFAULT_SCENARIO else scenario)
+        / f"{line['dataset']}_{line['partition']}"
+        / line["row"]
+        / f"s{line['seed']}"
+    ).resolve()
 
 
 def rerun(line: dict, out: Path) -> float | None:
@@ -91,13 +126,7 @@ def rerun(line: dict, out: Path) -> float | None:
     from feddb.launch import format_run_config
     from feddb.sweep import PROJECT, complete
 
-    run_dir = (
-        out
-        / (line["regime"] or "-")
-        / f"{line['dataset']}_{line['partition']}"
-        / line["row"]
-        / f"s{line['seed']}"
-    ).resolve()
+    run_dir = rerun_dir(line, out)
     if not complete(run_dir):
         rc = {**json.loads(line["run_config"]), "output-dir": str(run_dir)}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = abs(diff) <= args.tolerance
         failed += not ok
         print(
-            f"[reproduce] {line['regime'] or '-'} {line['dataset']}_{line['partition']} "
+            f"[reproduce] {line['regime'] or '-'} {field(line, 'scenario')} "
+            f"{line['dataset']}_{line['partition']} "
             f"{line['row']} seed {line['seed']}: published {float(line['final']):.2f} % "
             f"({line['commit'][:7]}), now {got:.2f} % ({diff:+.2f}) "
             f"{'ok' if ok else 'OUTSIDE the tolerance'}",

@@ -188,3 +188,28 @@ def test_provenance_records_the_device_that_auto_chose():
 
     assert provenance("auto")["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert provenance("cpu")["device"] == "cpu"
+
+
+def test_reproduce_tells_the_same_row_and_seed_apart_by_scenario(tmp_path):
+    """The scenarios' runs.csv holds fixmatch seed 0 three times, once per scenario: each line
+    says its scenario, --select picks one, and each re-run gets its own folder (they shared one,
+    so the second re-run reused the first's result)."""
+    from feddb import reproduce
+
+    runs = []
+    for scenario in ("labels_at_clients", "labels_at_server", "labels_at_partial_clients"):
+        d = tmp_path / scenario / "mnist10k_dir0.3" / "fixmatch" / "s0"
+        d.mkdir(parents=True)
+        (d / "run_config.json").write_text(json.dumps({"scenario": scenario}))
+        cfg = {"scenario": {"name": scenario}}
+        runs.append({"dir": d, "cfg": cfg, "seed": 0, "final": 0.9, "selected": None})
+    table = tmp_path / "runs.csv"
+    reproduce.write_runs(runs, table)
+    lines = list(csv.DictReader(table.open()))
+    chosen = reproduce.select(lines, "scenario=labels_at_server seed=0", [])
+    assert [x["scenario"] for x in chosen] == ["labels_at_server"]
+    dirs = {reproduce.rerun_dir(x, tmp_path / "again") for x in lines}
+    assert len(dirs) == 3
+    assert tmp_path / "again" / "-" / "mnist10k_dir0.3" / "fixmatch" / "s0" in dirs  # as before
+    old = [{k: v for k, v in x.items() if k != "scenario"} for x in lines[:1]]  # an older file
+    assert reproduce.select(old, "scenario=labels_at_clients", []) == old
