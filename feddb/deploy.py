@@ -258,28 +258,56 @@ class LocalDeployment:
         kill_node_after: float | None = None,
         kill_after_round: tuple[int, Path] | None = None,
     ) -> dict:
-        """Poll the run until it ends, optionally killing SuperNode 0 after a delay or once the
-        run's metrics.jsonl holds a given round (failure drills); print its log."""
-        t0 = time.monotonic()
-        while True:
-            time.sleep(0.5 if kill_after_round else 2.0)
-            due = kill_node_after is not None and time.monotonic() - t0 > kill_node_after
-            if kill_after_round is not None:
-                rounds, metrics = kill_after_round
-                due = metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds
-            if due:
-                self.procs["supernode_0"].kill()
-                print("killed SuperNode 0 (partition 0)", flush=True)
-                kill_node_after = kill_after_round = None
-            listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"], self.env)
-            try:
-                run = _json(listed.stdout)["runs"][0]
-            except (ValueError, KeyError, IndexError):
-                continue
-            if str(run.get("status", "")).startswith("finished"):
-                log = _flwr(["log", str(run_id), "deploy", "--show"], self.env)
-                print(log.stdout, flush=True)
-                return run
+        """Wait until the run ends, optionally killing SuperNode 0 after a delay or once the run's
+        metrics.jsonl holds a given round (failure drills); print its log. A streaming `flwr log`
+        ends with the run: asking `flwr ls` every 2 s cost a core-second a call, taken from the
+        SuperNodes; `flwr ls` now confirms the end, checks every 30 s in case the stream broke
+        off, and every 2 s once it has."""
+        t0 = checked = time.monotonic()
+        stream = subprocess.Popen(
+            [_bin("flwr"), "log", str(run_id), "deploy", "--stream"],
+            cwd=PROJECT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            while True:
+                time.sleep(0.5)
+                now = time.monotonic()
+                due = kill_node_after is not None and now - t0 > kill_node_after
+                if kill_after_round is not None:
+                    rounds, metrics = kill_after_round
+                    due = metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds
+                if due:
+                    self.procs["supernode_0"].kill()
+                    print("killed SuperNode 0 (partition 0)", flush=True)
+                    kill_node_after = kill_after_round = None
+                streaming = stream.poll() is None
+                if now - checked < (30.0 if streaming else 2.0):
+                    continue
+                checked = now
+                run = self.run_status(run_id)
+                if run is not None and str(run.get("status", "")).startswith("finished"):
+                    log = _flwr(["log", str(run_id), "deploy", "--show"], self.env)
+                    print(log.stdout, flush=True)
+                    return run
+        finally:
+            if stream.poll() is None:
+                stream.terminate()
+                try:
+                    stream.wait(5)
+                except subprocess.TimeoutExpired:
+                    stream.kill()
+                    stream.wait()
+
+    def run_status(self, run_id: int) -> dict | None:
+        """The run's entry in `flwr ls`, None when the SuperLink did not answer."""
+        listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"], self.env)
+        try:
+            return _json(listed.stdout)["runs"][0]
+        except (ValueError, KeyError, IndexError):
+            return None
 
     def close(self) -> None:
         stop([p.pid for p in self.procs.values() if p.poll() is None])
