@@ -216,16 +216,20 @@ def eta(seconds: float) -> str:
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
 
+def sweep_id() -> str | None:
+    """This sweep's id (set at its start; inherited by the worker processes of --jobs)."""
+    return os.environ.get("FEDDB_SWEEP_ID", PROGRESS.get("id"))
+
+
 def this_sweeps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records this sweep wrote: another sweep into the same folder at the same time
     appends to the same status file, and its runs and failures are not ours to count."""
-    sweep_id = os.environ.get("FEDDB_SWEEP_ID", PROGRESS.get("id"))
-    return [r for r in records if r.get("sweep") == sweep_id]
+    return [r for r in records if r.get("sweep") == sweep_id()]
 
 
 def job(cfg: Any) -> None:
     record = run_one(cfg)
-    record["sweep"] = os.environ.get("FEDDB_SWEEP_ID", PROGRESS.get("id"))
+    record["sweep"] = sweep_id()
     out = Path(str(cfg.out)).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / STATUS, "a") as f:
@@ -263,13 +267,11 @@ class SweepSummary(Callback):
             task = list(config.hydra.overrides.task)
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
-        sweep_id = f"{os.getpid()}-{self.start}"
-        PROGRESS.update(
-            total=count_jobs(params, task), done=0, ran=0, start=self.start, id=sweep_id
-        )
+        new_id = f"{os.getpid()}-{self.start}"
+        PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start, id=new_id)
         # inherited by the worker processes of --jobs (started after this)
         os.environ["FEDDB_SWEEP_START"] = str(self.start)
-        os.environ["FEDDB_SWEEP_ID"] = sweep_id
+        os.environ["FEDDB_SWEEP_ID"] = new_id
         os.environ["FEDDB_SWEEP_TOTAL"] = str(PROGRESS["total"])
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
