@@ -41,26 +41,38 @@ METRICS = [
 ]
 
 UNIFORM, SIZES = "uniform", "n_m"
-# claim -> comparisons (a, b): a - b > 0 supports the claim; pairs whose runs are absent are skipped
+# The primary endpoint is final test accuracy (METRICS[0]); the rest are secondary. Each claim has
+# one primary comparison per regime and setting, (a, b) with a - b > 0 supporting it; its verdict
+# comes from the Holm-corrected paired test over the regime's primary comparisons. "FixMatch" and
+# "FixMatch-FedDPL" stand for the regime's own weighting without DMA (n_m in the CPU regime,
+# uniform in the authors'), "other" for the other one. Secondary comparisons are reported with
+# their raw p-values and never decide a verdict. Pairs whose runs are absent are skipped.
+NATIVE, OTHER = "{native}", "{other}"
 CLAIMS = {
     "SSL helps": [
-        (f"FixMatch, {SIZES}", "FedAvg"),
-        (f"FixMatch, {UNIFORM}", "FedAvg"),
+        (f"FixMatch, {NATIVE}", "FedAvg"),
+        (f"FixMatch, {OTHER}", "FedAvg"),
         ("FedDB", "FedAvg"),
     ],
     "DPL helps": [
-        (f"FixMatch-FedDPL, {SIZES}", f"FixMatch, {SIZES}"),
-        (f"FixMatch-FedDPL, {UNIFORM}", f"FixMatch, {UNIFORM}"),
+        (f"FixMatch-FedDPL, {NATIVE}", f"FixMatch, {NATIVE}"),
+        (f"FixMatch-FedDPL, {OTHER}", f"FixMatch, {OTHER}"),
         ("FedDB", "FedDB w/o DPL"),
     ],
     "DMA helps": [
-        ("FedDB w/o DPL", f"FixMatch, {UNIFORM}"),
-        ("FedDB w/o DPL", f"FixMatch, {SIZES}"),
-        ("FedDB", f"FixMatch-FedDPL, {UNIFORM}"),
-        ("FedDB", f"FixMatch-FedDPL, {SIZES}"),
+        ("FedDB w/o DPL", f"FixMatch, {NATIVE}"),
+        ("FedDB w/o DPL", f"FixMatch, {OTHER}"),
+        ("FedDB", f"FixMatch-FedDPL, {NATIVE}"),
+        ("FedDB, literal DMA", f"FixMatch-FedDPL, {NATIVE}"),
+        ("FedDB, literal DMA", "FedDB"),
     ],
-    "FedDB beats FixMatch": [("FedDB", f"FixMatch, {UNIFORM}"), ("FedDB", f"FixMatch, {SIZES}")],
+    "FedDB beats FixMatch": [
+        ("FedDB", f"FixMatch, {NATIVE}"),
+        ("FedDB", f"FixMatch, {OTHER}"),
+        ("FedDB, literal DMA", f"FixMatch, {NATIVE}"),
+    ],
 }
+ALPHA = 0.05  # family-wise error rate of each regime's verdicts (Holm)
 ORDER = [
     "FedAvg",
     f"FixMatch, {UNIFORM}",
@@ -69,6 +81,7 @@ ORDER = [
     f"FixMatch-FedDPL, {SIZES}",
     "FedDB w/o DPL",
     "FedDB",
+    "FedDB, literal DMA",
 ]
 
 
@@ -79,7 +92,10 @@ def label(cfg: dict[str, Any]) -> str:
         return "FedAvg"
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
     if dma:
-        return "FedDB" if dpl else "FedDB w/o DPL"
+        mode = cfg["dma"].get("mode", "softmax")
+        return ("FedDB" if dpl else "FedDB w/o DPL") + (
+            "" if mode == "softmax" else f", {mode} DMA"
+        )
     weighting = UNIFORM if cfg["server"]["weighting"] == "uniform" else SIZES
     return f"FixMatch{'-FedDPL' if dpl else ''}, {weighting}"
 
@@ -159,17 +175,78 @@ def pct(v: float) -> float:
     return 100 * v
 
 
+def native_weighting(runs: list[dict[str, Any]]) -> str:
+    """The weighting a cell's runs average with when DMA is off: the regime's own (most runs use
+    it; a row that overrides it, fixmatch-uniform in the CPU regime, is the minority)."""
+    votes = [r["cfg"]["server"]["weighting"] for r in runs]
+    native = max(sorted(set(votes)), key=votes.count)
+    return UNIFORM if native == "uniform" else SIZES
+
+
+WARMUP_KEYS = ("test_accuracy", "val_accuracy", "class_accuracy", "top_class_share")
+
+
+def warmup_matched(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
+    """Whether two runs of one seed share their warm-up: the same number of warm-up rounds and,
+    round by round, the same recorded global model (its accuracies, per class too), which a model
+    that differs anywhere would not give. Without a warm-up both start from the seed's model."""
+    warm = ra["cfg"]["train"]["warmup_rounds"]
+    if warm != rb["cfg"]["train"]["warmup_rounds"]:
+        return False
+    ka = {r["round"]: r for r in ra["rounds"] if r["round"] <= warm}
+    kb = {r["round"]: r for r in rb["rounds"] if r["round"] <= warm}
+    return ka.keys() == kb.keys() and all(
+        ka[n].get(k) == kb[n].get(k) for n in ka for k in WARMUP_KEYS
+    )
+
+
+def paired_test(d: list[float]) -> dict[str, Any]:
+    """Mean, 95 % Student-t interval, two-sided paired t-test p-value and the seeds' signs."""
+    from scipy import stats
+
+    m, lo, hi = interval95(d)
+    a = np.asarray(d, dtype=float)
+    if len(a) < 2:
+        p = math.nan
+    elif a.std(ddof=1) == 0:
+        p = 1.0 if m == 0 else 0.0
+    else:
+        p = float(stats.ttest_1samp(a, 0.0).pvalue)
+    return {
+        "interval": (m, lo, hi),
+        "p": p,
+        "signs": (int((a > 0).sum()), int((a < 0).sum())),
+    }
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    out, running = [math.nan] * len(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (len(idx) - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
 def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per regime and setting, every claim's comparisons: paired per-seed differences of each
-    metric on the seeds both variants have."""
+    metric on the seeds both variants have; for the primary endpoint also the p-value, the seeds'
+    signs, whether the warm-ups matched, and (primary comparisons) the Holm-corrected p-value
+    within the regime."""
     by: dict[tuple[str, str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(r["regime"], r["setting"], r["variant"])][r["seed"]] = r
     out = []
     for regime in sorted({r["regime"] for r in runs}):
+        family = []
         for sett in ordered((r["setting"] for r in runs if r["regime"] == regime), SETTING_ORDER):
+            cell = [r for r in runs if r["regime"] == regime and r["setting"] == sett]
+            native = native_weighting(cell)
+            other = SIZES if native == UNIFORM else UNIFORM
             for claim, pairs in CLAIMS.items():
-                for a, b in pairs:
+                for rank, (a, b) in enumerate(pairs):
+                    a, b = (x.format(native=native, other=other) for x in (a, b))
                     ra, rb = by.get((regime, sett, a), {}), by.get((regime, sett, b), {})
                     seeds = sorted(set(ra) & set(rb))
                     if not seeds:
@@ -181,6 +258,9 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "a": a,
                         "b": b,
                         "seeds": seeds,
+                        "primary": rank == 0,
+                        "matched": all(warmup_matched(ra[s], rb[s]) for s in seeds),
+                        "p_holm": math.nan,
                     }
                     for key, _, better_up in METRICS:
                         d = [
@@ -191,15 +271,31 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         if not better_up:
                             d = [-x for x in d]  # a smaller one-class share supports it
                         row[key] = interval95(d) if d else None
+                        if key == METRICS[0][0]:
+                            test = paired_test(d)
+                            row["p"], row["signs"] = test["p"], test["signs"]
                     out.append(row)
+                    if row["primary"] and row["matched"]:
+                        family.append(row)
+        for row, adjusted in zip(family, holm([r["p"] for r in family])):
+            row["p_holm"] = adjusted
     return out
 
 
-def verdict(row: dict[str, Any], key: str = "final") -> str:
-    m, lo, hi = row[key]
-    if math.isnan(lo):
+def verdict(row: dict[str, Any]) -> str:
+    """holds / fails: the Holm-corrected test rejects no difference, in the claim's direction or
+    against it; not shown otherwise. Unmatched warm-ups and single seeds give no verdict."""
+    if not row["matched"]:
+        return "unmatched"
+    if len(row["seeds"]) < 2:
         return "one seed"
-    return "holds" if lo > 0 else "fails" if hi < 0 else "not shown"
+    if not row["p_holm"] < ALPHA:
+        return "not shown"
+    return "holds" if row[METRICS[0][0]][0] > 0 else "fails"
+
+
+def p_text(p: float) -> str:
+    return "–" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def interval_text(v: tuple[float, float, float] | None) -> str:
@@ -260,7 +356,12 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
         for s in ordered((r["setting"] for r in runs if r["regime"] == g), SETTING_ORDER)
     ]
     out += [
-        "## Verdicts (final test accuracy; every comparison of a claim must hold)",
+        "## Verdicts",
+        "",
+        "Primary endpoint: final test accuracy. Each claim is decided in each cell by one "
+        "comparison (the first of its rows below: FixMatch under the regime's own weighting), "
+        "a paired t-test over seeds, Holm-corrected over the regime's primary comparisons "
+        f"(family-wise α = {ALPHA}); the other rows and metrics are secondary.",
         "",
         "| claim | " + " | ".join(f"{g}, {s}" for g, s in cells) + " |",
         "|---" * (len(cells) + 1) + "|",
@@ -268,24 +369,22 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
     for claim in CLAIMS:
         vals = []
         for cell in cells:
-            mine = [r for r in rows if (r["regime"], r["setting"]) == cell and r["claim"] == claim]
-            v = {verdict(r) for r in mine}
+            mine = [
+                r
+                for r in rows
+                if (r["regime"], r["setting"]) == cell and r["claim"] == claim and r["primary"]
+            ]
             vals.append(
                 "–"
                 if not mine
-                else "fails"
-                if "fails" in v
-                else "holds"
-                if v == {"holds"}
-                else "one seed"
-                if v == {"one seed"}
-                else "not shown"
+                else f"{verdict(mine[0])} ({interval_text(mine[0]['final'])}, "
+                f"p_Holm {p_text(mine[0]['p_holm'])})"
             )
         out.append(f"| {claim} | " + " | ".join(vals) + " |")
     out += [
         "",
-        "holds: every comparison's 95 % interval above 0; fails: one below 0; not shown: "
-        "an interval includes 0.",
+        "holds: the corrected test finds a difference and it is > 0; fails: it finds one and it "
+        "is < 0; not shown: it finds none; unmatched: the two arms' warm-ups differ (no verdict).",
         "",
     ]
     # per-cell tables
@@ -311,17 +410,23 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
         out += [
             "",
             "Paired per-seed differences, points (95 % interval; one-class share: "
-            "reduction, so > 0 supports the claim):",
+            "reduction, so > 0 supports the claim). p: paired t-test on the final accuracy; "
+            "p_Holm: corrected, primary comparisons only; signs: seeds above / below 0:",
             "",
-            "| claim | comparison | seeds | " + " | ".join(t for _, t, _ in METRICS) + " |",
-            "|---" * (len(METRICS) + 3) + "|",
+            "| claim | comparison | seeds | "
+            + " | ".join(t for _, t, _ in METRICS)
+            + " | p | p_Holm | signs | warm-ups |",
+            "|---" * (len(METRICS) + 7) + "|",
         ]
         for r in rows:
             if (r["regime"], r["setting"]) == (regime, sett):
                 out.append(
-                    f"| {r['claim']} | {r['a']} − {r['b']} | {len(r['seeds'])} | "
+                    f"| {r['claim']}{'' if r['primary'] else ' (secondary)'} | "
+                    f"{r['a']} − {r['b']} | {len(r['seeds'])} | "
                     + " | ".join(interval_text(r[k]) for k, _, _ in METRICS)
-                    + " |"
+                    + f" | {p_text(r['p'])} | {p_text(r['p_holm'])} | "
+                    f"{r['signs'][0]}+ {r['signs'][1]}− | "
+                    f"{'matched' if r['matched'] else 'unmatched'} |"
                 )
         out.append("")
     return "\n".join(out) + embed(figs)
@@ -331,8 +436,9 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            ["regime", "setting", "claim", "a", "b", "seeds"]
+            ["regime", "setting", "claim", "a", "b", "seeds", "primary", "matched"]
             + [f"{k}_{part}" for k, _, _ in METRICS for part in ("mean", "low", "high")]
+            + ["p", "p_holm", "seeds_above", "seeds_below", "verdict"]
         )
         for r in rows:
             vals = []
@@ -349,8 +455,12 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                     r["a"],
                     r["b"],
                     " ".join(map(str, r["seeds"])),
+                    int(r["primary"]),
+                    int(r["matched"]),
                 ]
                 + vals
+                + ["" if math.isnan(x) else f"{x:.6g}" for x in (r["p"], r["p_holm"])]
+                + [*r["signs"], verdict(r) if r["primary"] else ""]
             )
 
 

@@ -402,6 +402,7 @@ def validate(cfg: dict[str, Any]) -> None:
     number(cfg, "server.lr", low=0, open_low=True)
     number(cfg, "server.momentum", low=0, high=1, open_high=True)
     choice(cfg, "server.weighting", ("uniform", "samples"))
+    choice(cfg, "server.warmup_weighting", (None, "uniform", "samples"))
     choice(cfg, "server.sizes", ("partition", "reported"))
     integer(cfg, "server.max_samples", "server.robust.num_selected", low=1, nullable=True)
 

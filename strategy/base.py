@@ -313,7 +313,7 @@ class WeightedAverage(FedAvg):
                 "cap": d["cap"],
                 "at_cap": res.at_cap,
             }
-        if self.cfg["server"]["weighting"] == "samples":
+        if self.weighting(warmup) == "samples":
             # n_m: the examples client m trains on (its labels alone for labels-only training,
             # and for a labeled client of labels_at_partial_clients, whose unlabeled set is its
             # labeled images again, for APP-U)
@@ -416,6 +416,13 @@ class WeightedAverage(FedAvg):
         record.dma = diagnostics or None
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
+
+    def weighting(self, warmup: bool) -> str:
+        """uniform or samples: `server.weighting`, or in a warm-up round the regime's warm-up
+        weighting (`server.warmup_weighting`), so that a row that changes only how the
+        semi-supervised rounds average shares the warm-up of the rows it is compared with."""
+        server = self.cfg["server"]
+        return (server.get("warmup_weighting") if warmup else None) or server["weighting"]
 
     def without_idle_clients(
         self, parsed: list[dict[str, Any]], weights: np.ndarray, server_round: int

@@ -20,7 +20,11 @@ ROWS = {
 }
 
 
-def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True):
+def fake_run(
+    root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True, warm_acc=None
+):
+    """A run's records: its warm-up rounds at a seed's common accuracy (`warm_acc` gives it
+    another warm-up), the rest at `final`."""
     cfg = compose(
         [
             *ROWS[row],
@@ -46,14 +50,15 @@ def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=Tr
     )
     lines = []
     for r in range(1, (rounds if complete else rounds - 1) + 1):
-        cls = [worst] + [final] * 9
+        acc = final if r > warmup else 0.5 + seed / 100 if warm_acc is None else warm_acc
+        cls = [worst if r > warmup else acc] + [acc] * 9
         lines.append(
             {
                 "round": r,
-                "test_accuracy": final,
-                "val_accuracy": final,
+                "test_accuracy": acc,
+                "val_accuracy": acc,
                 "class_accuracy": cls,
-                "top_class_share": top,
+                "top_class_share": top if r > warmup else 0.13,
                 "collapsed": False,
                 "clients": [{"app_u": [0.2, 0.8], "app_u_global": [0.3, 0.7]}],
                 "robust": {"rule": "mean", "clip": None},
@@ -78,9 +83,9 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
     md = (out / "claims.md").read_text()
     section = md[md.index("## Verdicts") : md.index("## cpu regime")]
     verdicts = {
-        line.split("|")[1].strip(): line.split("|")[2].strip()
-        for line in section.splitlines()[4:]
-        if line.startswith("| ")
+        line.split("|")[1].strip(): line.split("|")[2].split("(")[0].strip()
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| claim")
     }
     assert verdicts == {
         "SSL helps": "holds",
@@ -213,3 +218,52 @@ def test_reproduce_tells_the_same_row_and_seed_apart_by_scenario(tmp_path):
     assert tmp_path / "again" / "-" / "mnist10k_dir0.3" / "fixmatch" / "s0" in dirs  # as before
     old = [{k: v for k, v in x.items() if k != "scenario"} for x in lines[:1]]  # an older file
     assert reproduce.select(old, "scenario=labels_at_clients", []) == old
+
+
+def test_claims_print_paired_p_values_holm_corrected_and_seed_signs(tmp_path):
+    """Hand-made runs whose p-values are known in closed form: with 3 seeds (2 degrees of freedom)
+    the two-sided t-test gives p = 1 - |t| / sqrt(t^2 + 2). FixMatch - FedAvg = +1, +2, +3 points:
+    t = 2 sqrt(3), p = 0.07418; FedDB - FixMatch = -1, -1.5, -2: t = -3 sqrt(3), p = 0.03775.
+    Holm over the regime's primary comparisons (here these and two with no difference, p = 1)
+    multiplies the smallest by 4 and the next by 3."""
+    t1, t2 = 2 * np.sqrt(3), 3 * np.sqrt(3)
+    p_ssl, p_feddb = 1 - t1 / np.sqrt(t1**2 + 2), 1 - t2 / np.sqrt(t2**2 + 2)
+    for seed in range(3):
+        fake_run(tmp_path, "fedavg", seed, 0.80, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch", seed, 0.80 + (seed + 1) / 100, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch-feddpl", seed, 0.80 + (seed + 1) / 100, 0.5, 0.14)
+        fake_run(tmp_path, "feddb-without-dpl", seed, 0.80 + (seed + 1) / 100, 0.5, 0.14)
+        fake_run(tmp_path, "feddb", seed, 0.80 + (seed + 1) / 100 - (1 + seed / 2) / 100, 0.5, 0.14)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {(r["a"], r["b"]): r for r in csv.DictReader((out / "claims.csv").open())}
+    ssl, beats = rows[("FixMatch, n_m", "FedAvg")], rows[("FedDB", "FixMatch, n_m")]
+    assert float(ssl["p"]) == pytest.approx(p_ssl, rel=1e-4)
+    assert float(beats["p"]) == pytest.approx(p_feddb, rel=1e-4)
+    assert float(beats["p_holm"]) == pytest.approx(4 * p_feddb, rel=1e-4)
+    assert float(ssl["p_holm"]) == pytest.approx(max(3 * p_ssl, 4 * p_feddb), rel=1e-4)
+    assert (ssl["seeds_above"], ssl["seeds_below"]) == ("3", "0")
+    assert (beats["seeds_above"], beats["seeds_below"]) == ("0", "3")
+    # symmetric: uncorrected, FedDB - FixMatch would "fail" at 0.05; corrected it is not shown
+    assert beats["verdict"] == "not shown" and ssl["verdict"] == "not shown"
+    secondary = rows[("FedDB", "FedAvg")]
+    assert secondary["primary"] == "0" and secondary["p_holm"] == "" and secondary["verdict"] == ""
+    md = (out / "claims.md").read_text()
+    assert "| 0.074 | 0.223 | 3+ 0− | matched |" in md
+
+
+def test_a_comparison_whose_warm_ups_differ_is_unmatched_and_has_no_verdict(tmp_path):
+    """FixMatch with another warm-up (the old fixmatch-uniform: uniform weights in the warm-up
+    as well) against FedDB w/o DPL, whose warm-up is the regime's: the difference is reported as
+    unmatched and gives no verdict, whatever its size."""
+    for seed in range(3):
+        fake_run(tmp_path, "fedavg", seed, 0.80, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch", seed, 0.85 + seed / 1000, 0.5, 0.14, warm_acc=0.4)
+        fake_run(tmp_path, "feddb-without-dpl", seed, 0.90, 0.5, 0.14)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {(r["a"], r["b"]): r for r in csv.DictReader((out / "claims.csv").open())}
+    dma = rows[("FedDB w/o DPL", "FixMatch, n_m")]
+    assert dma["matched"] == "0" and dma["verdict"] == "unmatched" and dma["p_holm"] == ""
+    md = (out / "claims.md").read_text()
+    assert "| DMA helps | unmatched (+4.90 [" in md
