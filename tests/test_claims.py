@@ -20,9 +20,7 @@ ROWS = {
 }
 
 
-def fake_run(
-    root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True, warm_acc=None
-):
+def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True, warm_acc=None):
     """A run's records: its warm-up rounds at a seed's common accuracy (`warm_acc` gives it
     another warm-up), the rest at `final`."""
     cfg = compose(
