@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -265,3 +266,47 @@ def test_a_comparison_whose_warm_ups_differ_is_unmatched_and_has_no_verdict(tmp_
     assert dma["matched"] == "0" and dma["verdict"] == "unmatched" and dma["p_holm"] == ""
     md = (out / "claims.md").read_text()
     assert "| DMA helps | unmatched (+4.90 [" in md
+
+
+def test_every_claims_row_of_a_seed_ends_the_warm_up_with_the_same_model(
+    small_npz, tmp_path, task_identity
+):
+    """The rows a claim compares share their warm-up bit for bit, run to the end of a 2-round
+    warm-up on one seed in the CPU regime (n_m warm-up): FedAvg, FedDB and fixmatch-uniform, which
+    before server.warmup_weighting averaged its warm-up uniformly and so started its
+    semi-supervised rounds from another model than the rows it was compared with."""
+    from localgrid import run_in_process
+
+    from feddb.sweep import rows
+    from fssl import checkpoint
+
+    table = rows()
+    for regime in ("miniature",):
+        models = {}
+        for row in ("fedavg", "fixmatch-uniform", "feddb"):
+            run_dir = tmp_path / regime / row
+            rc = dict(
+                item.split("=", 1) for item in shlex.split(table[row], posix=True)
+            )  # e.g. method=fixmatch overrides=server.weighting=uniform
+            run_in_process(
+                {
+                    "method": rc["method"],
+                    "dpl": rc.get("dpl", "") == "true",
+                    "experiment": regime,
+                    "dataset": "npz",
+                    "data-path": str(small_npz),
+                    "seed": 3,
+                    "num-server-rounds": 2,
+                    "output-dir": str(run_dir),
+                    "overrides": f"{rc.get('overrides', '')} fl.num_clients=4 "
+                    "fl.fraction_train=0.75 dataset.num_labeled=100 dataset.val_size=100 "
+                    "train.warmup_rounds=2 fl.node_wait=0 checkpoint.every=0 "
+                    "logging.tensorboard=false",
+                }
+            )
+            arrays, _ = checkpoint.load(run_dir)
+            models[row] = arrays["global"]
+        ref = models.pop("fedavg")
+        for row, model in models.items():
+            assert model.keys() == ref.keys()
+            assert all(np.array_equal(model[k], ref[k]) for k in ref), (regime, row)
