@@ -411,23 +411,32 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
             "",
             "Paired per-seed differences, points (95 % interval; one-class share: "
             "reduction, so > 0 supports the claim). p: paired t-test on the final accuracy; "
-            "p_Holm: corrected, primary comparisons only; signs: seeds above / below 0:",
+            "p_Holm: corrected, primary comparisons only; signs: seeds above / below 0. Both "
+            "arms of each comparison share their warm-up (the same global model, round by round):",
             "",
             "| claim | comparison | seeds | "
             + " | ".join(t for _, t, _ in METRICS)
-            + " | p | p_Holm | signs | warm-ups |",
-            "|---" * (len(METRICS) + 7) + "|",
+            + " | p | p_Holm | signs |",
+            "|---" * (len(METRICS) + 6) + "|",
         ]
-        for r in rows:
-            if (r["regime"], r["setting"]) == (regime, sett):
+        mine = [r for r in rows if (r["regime"], r["setting"]) == (regime, sett)]
+        for r in mine:
+            if r["matched"]:
                 out.append(
                     f"| {r['claim']}{'' if r['primary'] else ' (secondary)'} | "
                     f"{r['a']} − {r['b']} | {len(r['seeds'])} | "
                     + " | ".join(interval_text(r[k]) for k, _, _ in METRICS)
                     + f" | {p_text(r['p'])} | {p_text(r['p_holm'])} | "
-                    f"{r['signs'][0]}+ {r['signs'][1]}− | "
-                    f"{'matched' if r['matched'] else 'unmatched'} |"
+                    f"{r['signs'][0]}+ {r['signs'][1]}− |"
                 )
+        unmatched = [f"{r['a']} − {r['b']}" for r in mine if not r["matched"]]
+        if unmatched:
+            out += [
+                "",
+                "Left out, their warm-ups differ (claims.csv keeps them, matched = 0): "
+                + "; ".join(dict.fromkeys(unmatched))
+                + ".",
+            ]
         out.append("")
     return "\n".join(out) + embed(figs)
 

@@ -248,7 +248,7 @@ def test_claims_print_paired_p_values_holm_corrected_and_seed_signs(tmp_path):
     secondary = rows[("FedDB", "FedAvg")]
     assert secondary["primary"] == "0" and secondary["p_holm"] == "" and secondary["verdict"] == ""
     md = (out / "claims.md").read_text()
-    assert "| 0.074 | 0.223 | 3+ 0− | matched |" in md
+    assert "| 0.074 | 0.223 | 3+ 0− |" in md
 
 
 def test_a_comparison_whose_warm_ups_differ_is_unmatched_and_has_no_verdict(tmp_path):
@@ -266,6 +266,9 @@ def test_a_comparison_whose_warm_ups_differ_is_unmatched_and_has_no_verdict(tmp_
     assert dma["matched"] == "0" and dma["verdict"] == "unmatched" and dma["p_holm"] == ""
     md = (out / "claims.md").read_text()
     assert "| DMA helps | unmatched (+4.90 [" in md
+    left_out = next(line for line in md.splitlines() if line.startswith("Left out, their warm-"))
+    assert "FedDB w/o DPL − FixMatch, n_m" in left_out
+    assert "| DMA helps | FedDB w/o DPL − FixMatch, n_m |" not in md  # not in the tables
 
 
 def test_every_claims_row_of_a_seed_ends_the_warm_up_with_the_same_model(
@@ -310,3 +313,19 @@ def test_every_claims_row_of_a_seed_ends_the_warm_up_with_the_same_model(
         for row, model in models.items():
             assert model.keys() == ref.keys()
             assert all(np.array_equal(model[k], ref[k]) for k in ref), (regime, row)
+
+
+def test_the_published_claims_tables_hold_no_comparison_with_unmatched_warm_ups():
+    """docs/claims: every verdict comes from a matched comparison, and the tables show only
+    matched ones (the unmatched ones are named below them, out of the verdicts)."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "claims"
+    rows = list(csv.DictReader((docs / "claims.csv").open()))
+    assert rows and all(r["matched"] == "1" for r in rows if r["primary"] == "1")
+    assert all(r["verdict"] == "" for r in rows if r["matched"] == "0")
+    md = (docs / "claims.md").read_text()
+    for r in rows:
+        cell = md.split(f"## {r['regime']} regime, {r['setting']}\n")[1].split("\n## ")[0]
+        shown = f"| {r['a']} − {r['b']} |" in cell
+        assert shown == (r["matched"] == "1"), (r["regime"], r["setting"], r["a"], r["b"])
