@@ -92,6 +92,24 @@ def join_overrides(row: str, extra: str) -> tuple[str, str]:
     return format_run_config(theirs), format_run_config(ours)
 
 
+def resumable(run_dir: Path) -> bool:
+    """Whether an interrupted run can go on from its checkpoint as if never stopped. Clients that
+    keep their optimiser state (train.optimizer_state=client, the authors' regime) keep it on the
+    nodes, not in the server's checkpoint, so such a run starts again; its partial directory is
+    kept beside it as <run>.interrupted (the previous one replaced)."""
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        return True
+
+    train = (yaml.safe_load(config.read_text()) or {}).get("train") or {}
+    if train.get("optimizer_state", "fresh") != "client":
+        return True
+    kept = run_dir.with_name(run_dir.name + ".interrupted")
+    shutil.rmtree(kept, ignore_errors=True)
+    run_dir.rename(kept)
+    return False
+
+
 def run_one(cfg: Any) -> dict[str, Any]:
     """Run (or skip, or resume) one combination; returns its status record."""
     known = rows()
@@ -112,7 +130,9 @@ def run_one(cfg: Any) -> dict[str, Any]:
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
-    if (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
+    if not resumable(run_dir):
+        record["restarted"] = True
+    elif (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
         row, extra = join_overrides(known[cfg.row], str(cfg.run_config))

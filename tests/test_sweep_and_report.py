@@ -304,7 +304,15 @@ def test_trailing_means_average_the_last_rounds_only():
 
 
 @pytest.mark.parametrize(
-    "preset", ["claims_cpu", "claims_authors", "claims_cpu_more", "claims_authors_more"]
+    "preset",
+    [
+        "claims_cpu",
+        "claims_authors",
+        "claims_cpu_more",
+        "claims_authors_more",
+        "claims_exact",
+        "claims_exact_literal",
+    ],
 )
 def test_the_claims_presets_run_known_rows_in_whole_seeds(preset):
     from hydra import compose as hydra_compose
@@ -454,3 +462,19 @@ def test_a_list_or_one_quoted_value_is_not_a_sweep_in_the_progress_count():
     task = ["row=a,b", "seed=0,1,2", "launcher=[python,stub.py]", "run_config='x=1,2'"]
     assert count_jobs({}, task) == 6
     assert count_jobs({"seed": "range(3)"}, []) == 0  # cannot tell
+
+
+def test_an_interrupted_run_whose_clients_keep_their_optimiser_is_restarted_not_resumed(tmp_path):
+    """Its clients' momentum lives on the nodes, not in the server's checkpoint: resuming would
+    give another run than an uninterrupted one, so the sweep starts it again and keeps the partial
+    directory beside it; a run with fresh optimisers is resumed from its checkpoint."""
+    from feddb.sweep import resumable
+
+    for state, expected in (("client", False), ("fresh", True)):
+        run = tmp_path / state / "s0"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"optimizer_state": state}}))
+        (run / "checkpoint.pt").write_bytes(b"x")
+        assert resumable(run) is expected
+        assert run.is_dir() is expected
+        assert (tmp_path / state / "s0.interrupted" / "checkpoint.pt").is_file() is not expected
