@@ -130,9 +130,10 @@ def run_one(cfg: Any) -> dict[str, Any]:
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
-    if not resumable(run_dir):
-        record["restarted"] = True
-    elif (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file():
+    interrupted = (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file()
+    if interrupted and not resumable(run_dir):
+        record["restarted"], interrupted = True, False
+    if interrupted:
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
         row, extra = join_overrides(known[cfg.row], str(cfg.run_config))

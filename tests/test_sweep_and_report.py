@@ -478,3 +478,15 @@ def test_an_interrupted_run_whose_clients_keep_their_optimiser_is_restarted_not_
         assert resumable(run) is expected
         assert run.is_dir() is expected
         assert (tmp_path / state / "s0.interrupted" / "checkpoint.pt").is_file() is not expected
+    # through the sweep: the restarted run gets a fresh run-config, the resumed one `resume=`
+    root = tmp_path / "out" / "mnist10k_dir0.3"
+    for row, state in (("fixmatch", "client"), ("fedavg", "fresh")):
+        run = root / row / "s0"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"optimizer_state": state}}))
+        (run / "checkpoint.pt").write_bytes(b"x")
+    res = sweep(tmp_path, "row=fixmatch,fedavg", "seed=0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "resume=" not in (root / "fixmatch" / "s0" / "run_config").read_text()
+    assert (root / "fixmatch" / "s0.interrupted" / "checkpoint.pt").is_file()
+    assert (root / "fedavg" / "s0" / "run_config").read_text().startswith("resume=")
