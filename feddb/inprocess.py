@@ -155,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     from fssl.config import ConfigError
     from fssl.data import DataError
 
-    from .launch import absolute_paths, parse_run_config
+    from .launch import preflight
 
     try:
-        run_config = absolute_paths(parse_run_config(args.run_config))
+        run_config, _ = preflight(args.run_config)
         run_in_process(run_config)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -33,15 +33,44 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 def parse_run_config(text: str) -> dict:
     """Parse `--run-config "k1=v1 k2=v2"` as Flower does and reject keys the app does not have."""
+    import click
     from flwr.common.config import parse_config_args
 
-    values = parse_config_args([text]) if text else {}
+    problem = bad_item(text) if text else ""
+    if problem:  # (Flower drops a bare word silently and fails on the rest with a traceback)
+        raise ValueError(f"run-config {text!r}: {problem}")
+    try:
+        values = parse_config_args([text]) if text else {}
+    except click.ClickException as err:
+        raise ValueError(f"run-config {text!r}: {err.format_message()}") from None
     with open(PROJECT / "pyproject.toml", "rb") as f:
         known = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ValueError(f"unknown run-config key(s) {unknown}; allowed: {', '.join(known)}")
     return values
+
+
+ITEM = re.compile(r"""([^\s=]+)=('[^']*'|"(?:[^"\\]|\\.)*"|[^\s'"]\S*|)(?=\s|$)|(\S+)""")
+
+
+def bad_item(text: str) -> str:
+    """The first `key=value` of a run-config that Flower cannot read, and how to write it."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    for m in ITEM.finditer(text):
+        key, value, stray = m.groups()
+        if stray is not None:
+            return f"{stray!r} is not key=value (quote a value with spaces: key='a b')"
+        try:
+            parse_config_args([f"{key}={value}"])
+        except click.ClickException:
+            return (
+                f"the value of {key} is not a TOML value: quote a string ({key}='{value}'), or "
+                "write true/false or a number"
+            )
+    return ""
 
 
 PATH_KEYS = ("output-dir", "resume", "data-path")
@@ -244,36 +273,53 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a sweep or a job system stopping this run) unwinds like Ctrl-C: the SuperLink and
     # the Ray head started here are stopped on the way out, not left behind
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    # Ray starts now, in the background, while the rest starts (feddb.resources.ray_head)
-    with ray_head(not (args.ray_address or args.flower_ray)) as head:
-        return launch(args, head)
-
-
-def launch(args: argparse.Namespace, head: RayHead | None) -> int:
     sys.path.insert(0, str(PROJECT))
+    from fssl.config import ConfigError
+    from fssl.data import DataError
     from fssl.profiling import process_start
 
     # the start-up timeline (run_dir/startup.json) counts from this launcher's start
     os.environ["FEDDB_LAUNCH_TIME"] = str(process_start() or time.time())
+    # bad input is answered before any process starts (Ray, the SuperLink)
+    try:
+        run_config, cfg = preflight(args.run_config)
+        gpus = gpus_per_client(args.gpus_per_client, cfg)
+    except (ConfigError, DataError, ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    # Ray starts now, in the background, while the rest starts (feddb.resources.ray_head)
+    with ray_head(not (args.ray_address or args.flower_ray)) as head:
+        return launch(args, head, run_config, cfg, gpus)
+
+
+def preflight(text: str) -> tuple[dict, dict]:
+    """Everything that can be checked before a process starts: the run-config, the composed
+    configuration, the data and the split it must give, a resume directory's checkpoint. Raises
+    ConfigError, DataError or ValueError with one line for the user; returns the run-config (paths
+    absolute) and the configuration."""
     from fssl.config import ConfigError
-    from fssl.data import DataError, load_dataset
+    from fssl.data import load_dataset
+    from fssl.runtime import partition_for
     from server_app.config import resolve
 
-    try:
-        run_config = absolute_paths(parse_run_config(args.run_config))
-        cfg, resume_dir = resolve(run_config)
-        load_dataset(cfg["dataset"])
-        if resume_dir is not None and not (resume_dir / "checkpoint.pt").is_file():
-            raise ConfigError(f"cannot resume: {resume_dir} has no checkpoint.pt yet")
-    except (ConfigError, DataError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    run_config = absolute_paths(parse_run_config(text))
+    cfg, resume_dir = resolve(run_config)
+    load_dataset(cfg["dataset"])
+    partition_for(cfg)  # a split the data cannot give fails here, not after Flower starts
+    if resume_dir is not None:
+        from fssl import checkpoint
 
-    try:
-        gpus = gpus_per_client(args.gpus_per_client, cfg)
-    except (ValueError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        if not any((resume_dir / f).is_file() for f in (checkpoint.FILE, checkpoint.PREVIOUS)):
+            raise ConfigError(f"cannot resume: {resume_dir} has no checkpoint.pt yet")
+        _, note = checkpoint.find(resume_dir)  # CheckpointError names the files
+        if note:
+            print(f"[feddb] {note}", flush=True)
+    return run_config, cfg
+
+
+def launch(
+    args: argparse.Namespace, head: RayHead | None, run_config: dict, cfg: dict, gpus: float
+) -> int:
     fed = {
         "num-supernodes": cfg["fl"]["num_clients"],
         "client-resources-num-cpus": args.cpus_per_client,

@@ -339,11 +339,26 @@ def split_mps(argv: list[str]) -> tuple[bool, list[str]]:
     return "--mps" in argv, [a for a in argv if a != "--mps"]
 
 
+SWEEP_HELP = f"""usage: feddb sweep [--jobs N|auto] [--mps] -m KEY=VALUES ...
+
+{__doc__}
+The sweep's own flags (before or after Hydra's):
+  --jobs N|auto   N runs at once, each with cores/N CPU threads (auto: one per core on a CPU,
+                  at most 4 sharing a GPU); default 1
+  --mps           run under NVIDIA's Multi-Process Service (started and stopped unless running)
+
+Hydra's help follows; the keys (row, dataset, partition, experiment, seed, out, run_config,
+launcher, launcher_args) are in conf/sweeps/config.yaml, presets in conf/sweeps/sweep/.
+"""
+
+
 def main() -> None:
     import hydra
 
     from feddb.resources import mps
 
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(SWEEP_HELP)  # then Hydra's own help (its flags and the sweep's keys)
     use_mps, sys.argv[1:] = split_mps(quote_free_text(sys.argv[1:]))
     jobs, sys.argv[1:] = split_jobs(sys.argv[1:])
     os.environ["FEDDB_SWEEP_JOBS"] = str(jobs)

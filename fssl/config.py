@@ -147,9 +147,20 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
     return cfg, run_dir
 
 
+# Where a `+key=value` override may add a key: the keyword arguments of a strategy and of a Flower
+# Datasets partitioner (and the partitioner's name, absent from the Dirichlet presets).
+EXTENSIBLE = ("strategy.params.", "partition.params.", "partition.partitioner")
+
+
 def _check_group_choices(overrides: list[str]) -> None:
     for item in overrides:
         key, sep, value = item.partition("=")
+        if key.startswith("+") and not key.lstrip("+").startswith(EXTENSIBLE):
+            raise ConfigError(
+                f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
+                "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md; new "
+                f"keys are taken only under {', '.join(EXTENSIBLE)}"
+            )
         key = key.lstrip("+~")
         if sep and key in GROUPS:
             options = group_options(key)
@@ -277,7 +288,14 @@ def check(
         allowed = ", ".join(map(_word, also)) + ", or " + allowed
     if nullable:
         allowed += ", or null" + (f" ({nullable})" if isinstance(nullable, str) else "")
-    raise ConfigError(f"invalid value for `{path}`: {value!r}; allowed: {allowed}")
+    raise ConfigError(f"invalid value for {user_key(path)}: {value!r}; allowed: {allowed}")
+
+
+def user_key(path: str) -> str:
+    """How the user sets a config path: its run-config key where it has one (num-server-rounds
+    for num_rounds), else the Hydra path for `overrides`."""
+    keys = [k for k, target in RUN_CONFIG_TARGETS.items() if target == path and k != target]
+    return f"run-config key {keys[0]} (`{path}`)" if keys else f"`{path}`"
 
 
 def _each(cfg: dict[str, Any], paths: tuple[str, ...], rule: Rule, how: dict[str, Any]) -> Any:

@@ -212,19 +212,43 @@ def _read_svhn(root: Path) -> dict[str, np.ndarray]:
 
 
 def _read_npz(file: Path) -> dict[str, np.ndarray]:
+    """The four arrays (and `num_classes` when the file carries it) of an .npz written by
+    numpy.savez; a file that is not one, or is truncated or corrupt, is named with what to do."""
+    import zipfile
+    import zlib
+
+    if not zipfile.is_zipfile(file):
+        raise DataError(
+            f"{file}: not an .npz (numpy.savez writes a zip archive of .npy arrays; this file "
+            "is not a zip archive, or is truncated): write it again with numpy.savez"
+        )
+    keys = ("x_train", "y_train", "x_test", "y_test")
     try:
         with np.load(file, allow_pickle=False) as z:
-            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
+            missing = [k for k in keys if k not in z.files]
             if missing:
                 raise DataError(
                     f"{file}: missing arrays {missing}; an .npz needs x_train, "
                     "y_train, x_test, y_test"
                 )
-            return {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-    except (OSError, ValueError) as err:
+            out = {k: z[k] for k in keys}
+            if "num_classes" in z.files:
+                out["num_classes"] = int(z["num_classes"])
+            return out
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise DataError(
+            f"{file}: corrupt or truncated .npz ({err}): copy it again or write it again "
+            "with numpy.savez"
+        ) from err
+    except (OSError, ValueError, TypeError) as err:
         if isinstance(err, DataError):
             raise
-        raise DataError(f"{file}: not a readable .npz without pickles ({err})") from err
+        if "pickle" in str(err):
+            raise DataError(
+                f"{file}: holds object arrays, which would need pickles (refused: they can run "
+                "code); save plain numeric arrays with numpy.savez"
+            ) from err
+        raise DataError(f"{file}: not a readable .npz ({err})") from err
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -352,10 +376,18 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
             f"{name}: train images {xs['train'].shape[1:]} and test images "
             f"{xs['test'].shape[1:]} differ in shape"
         )
-    k = int(arrays.get("num_classes") or ys["train"].max() + 1)
+    declared = arrays.get("num_classes")
+    k = int(declared or ys["train"].max() + 1)
     for split, y in ys.items():
         if y.min() < 0 or y.max() >= k:
-            raise DataError(f"{name}: y_{split} has labels outside 0..{k - 1}")
+            raise DataError(
+                f"{name}: y_{split} has labels outside 0..{k - 1}"
+                + (
+                    ""
+                    if declared
+                    else f" (K = {k} read from y_train; an .npz may carry num_classes)"
+                )
+            )
     if len(np.unique(ys["train"])) != k:
         raise DataError(f"{name}: y_train must contain every class 0..{k - 1}")
     channels = xs["train"].shape[-1]

@@ -89,8 +89,10 @@ def balanced_labeled_split(
         idx = np.flatnonzero(y == c)
         if len(idx) < per_class:
             raise ValueError(
-                f"class {c} has {len(idx)} samples, fewer than the {per_class} "
-                f"labeled per class that dataset.num_labeled={num_labeled} asks"
+                f"class {c} has {len(idx)} training images, fewer than the {per_class} "
+                f"labeled per class that dataset.num_labeled={num_labeled} asks of "
+                f"{num_classes} classes: lower dataset.num_labeled, or check the labels (a "
+                "stray label K adds a class; an .npz may carry num_classes)"
             )
         chosen.append(rng.choice(idx, per_class, replace=False))
     labeled = np.sort(np.concatenate(chosen))

@@ -304,7 +304,13 @@ def save_checkpoint(
 def restore(
     run_dir: Path, strategy: WeightedAverage, recorder: RoundRecorder
 ) -> tuple[ArrayRecord, int]:
-    groups, state = checkpoint.load(run_dir)
+    file, note = checkpoint.find(run_dir)
+    if note:  # the latest is corrupt: kept aside (not overwritten by the next save), and said
+        print(f"[feddb] {note}", flush=True)
+        for path in (run_dir / checkpoint.FILE, run_dir / f"{checkpoint.FILE}.sha256"):
+            if path.is_file():
+                path.replace(path.with_name(path.name.replace("checkpoint", "checkpoint.corrupt")))
+    groups, state = checkpoint.load(run_dir, file)
     strategy.load_state(
         {k.split(".", 1)[1]: v for k, v in groups.items() if k.startswith("strategy.")},
         state["strategy"],

@@ -311,8 +311,12 @@ class RoundRecorder:
     def restore(self, server_round: int, state: dict[str, Any]) -> None:
         """Continue after `server_round`: keep its metrics lines, drop any written after it."""
         lines = self.metrics_file.read_text().splitlines() if self.metrics_file.exists() else []
-        kept = [json.loads(line) for line in lines if line.strip()]
-        kept = [r for r in kept if r["round"] <= server_round]
+        records = [json.loads(line) for line in lines if line.strip()]
+        kept = [r for r in records if r["round"] <= server_round]
+        dropped = [r for r in records if r["round"] > server_round]
+        if dropped:  # rounds after the checkpoint, run again now: their first records are kept
+            with open(self.metrics_file.with_name("metrics.dropped.jsonl"), "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in dropped))
         self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.history = kept
         prev = state.get("prev_class_accuracy")

@@ -290,7 +290,7 @@ def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
     assert state["round"] == 7 and state["x"] == [1, 2]
     assert np.array_equal(got["global"]["w"], arrays["global"]["w"])
     assert got["global"]["n"].shape == () and got["strategy.momentum"]["w"].dtype == np.float64
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.sha256"]
 
     class Evil:
         def __reduce__(self):
@@ -298,7 +298,9 @@ def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
 
     torch.save({"__state_json__": Evil()}, tmp_path / "checkpoint.pt")
     with pytest.raises(pickle.UnpicklingError):
-        checkpoint.load(tmp_path)
+        checkpoint.load(tmp_path, tmp_path / "checkpoint.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="checksum mismatch"):
+        checkpoint.load(tmp_path)  # its recorded checksum no longer holds: never unpickled
 
 
 def test_resume_input_errors(tmp_path):
@@ -374,3 +376,38 @@ def test_an_honest_simulation_with_the_defaults_runs_the_method_as_published(
         r["robust"]["clip"] == 4.0 and len(r["robust"]["cosines"]) == 3 and r["dma"]["cap"] == 2.0
         for r in guarded
     )
+
+
+def test_a_truncated_latest_checkpoint_resumes_from_the_previous_one(baseline, small_npz, tmp_path):
+    """Checkpoints every round, a crash in round 4, then the latest checkpoint (round 3) cut in
+    half: the resume says so, takes round 2's, keeps the corrupt file aside and the dropped
+    round's first record, and ends with the metrics of the uninterrupted run."""
+    from feddb.inprocess import main as local_main
+
+    run_dir = tmp_path / "run"
+    every_round = OVERRIDES.replace("checkpoint.every=2", "checkpoint.every=1")
+
+    def crash_in_round_4(ins, ctx, reply):
+        if round_of(ins) == 4:
+            raise KeyboardInterrupt
+        return reply
+
+    with pytest.raises(KeyboardInterrupt):
+        run_server(run_dir, small_npz, hook=crash_in_round_4, overrides=every_round)
+    latest = run_dir / checkpoint.FILE
+    assert checkpoint.load(run_dir, latest)[1]["round"] == 3
+    assert checkpoint.load(run_dir, run_dir / checkpoint.PREVIOUS)[1]["round"] == 2
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
+    assert "checksum mismatch" in checkpoint.problem(latest)
+    assert checkpoint.find(run_dir)[0].name == checkpoint.PREVIOUS
+    run_server(run_dir, small_npz, resume=True)
+    assert records(run_dir) == records(baseline)
+    assert (run_dir / "checkpoint.corrupt.pt").is_file()  # kept, not overwritten
+    dropped = [json.loads(line) for line in (run_dir / "metrics.dropped.jsonl").open()]
+    assert [r["round"] for r in dropped] == [3]
+    # both bad: refused before anything starts, naming the files, the directory unchanged
+    for name in (checkpoint.FILE, checkpoint.PREVIOUS):
+        (run_dir / name).write_bytes(b"not a checkpoint")
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    assert local_main(["--run-config", f"resume='{run_dir}'"]) == 2
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
