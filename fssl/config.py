@@ -7,6 +7,7 @@ change) so the same YAML tree drives `flwr run`, the tests and the launcher.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -108,11 +109,24 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
             cfg = hydra_compose(config_name="config", overrides=overrides)
         data = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"invalid override in {overrides}: {err}") from err
+        raise ConfigError(override_error(err)) from err
     finally:
         GlobalHydra.instance().clear()
     validate(data)
     return data
+
+
+def override_error(err: Exception) -> str:
+    """Hydra's complaint about an override in one line, without the advice to add the key with
+    `+` (refused: a typo would pass unnoticed)."""
+    first = str(err).strip().splitlines()[0]
+    unknown = re.match(r"Could not override '([^']+)'", first)
+    if unknown:
+        return (
+            f"unknown key `{unknown.group(1)}` in overrides (a typo?): the keys are in "
+            "conf/config.yaml and docs/configuration.md"
+        )
+    return f"invalid override: {first}"
 
 
 def compose_from_run_config(run_config: dict[str, Any]) -> dict[str, Any]:

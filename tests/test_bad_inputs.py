@@ -1,0 +1,275 @@
+"""Every bad input gets one clear line and exit 2 before any process starts, names the key or file,
+and leaves the run directory as it was. The table in docs/running.md ("Bad input") is this test's
+table; `FEDDB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py` writes it there after a change."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feddb.inprocess import main as local_main
+from feddb.launch import main as run_main
+
+PROJECT = Path(__file__).resolve().parents[1]
+DOC = PROJECT / "docs" / "running.md"
+BEGIN, END = "<!-- bad-inputs: begin -->", "<!-- bad-inputs: end -->"
+
+
+def digits(tmp: Path, name: str, **change) -> Path:
+    """A small valid .npz with some arrays replaced."""
+    from fssl.data import embedded_candidates
+
+    src = np.load(next(p for p in embedded_candidates() if p.is_file()))
+    arrays = {
+        "x_train": src["x_train"][:1000],
+        "y_train": src["y_train"][:1000].copy(),
+        "x_test": src["x_test"][:200],
+        "y_test": src["y_test"][:200],
+    }
+    arrays.update(change)
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    path = tmp / name
+    np.savez(path, **arrays)
+    return path
+
+
+def stray_label(tmp: Path) -> Path:
+    src = np.load(digits(tmp, "plain.npz"))
+    y = src["y_train"].copy()
+    y[0] = 10  # one image labelled K: K = 11 read from the data, class 10 has one image
+    return digits(tmp, "stray.npz", y_train=y)
+
+
+def truncated(tmp: Path) -> Path:
+    good = digits(tmp, "whole.npz").read_bytes()
+    (tmp / "cut.npz").write_bytes(good[: len(good) // 2])
+    return tmp / "cut.npz"
+
+
+def flipped(tmp: Path) -> Path:
+    data = bytearray(digits(tmp, "whole2.npz").read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside the first array's stored bytes
+    (tmp / "flipped.npz").write_bytes(bytes(data))
+    return tmp / "flipped.npz"
+
+
+def text_file(tmp: Path) -> Path:
+    (tmp / "notes.npz").write_text("x_train,y_train\n1,2\n")
+    return tmp / "notes.npz"
+
+
+def objects(tmp: Path) -> Path:
+    labels = np.array([{"label": i % 10} for i in range(1000)], dtype=object)
+    return digits(tmp, "objects.npz", y_train=labels)
+
+
+def run_with(tmp: Path, name: str, steps: int = 0) -> Path:
+    """A run directory with a config and metrics (and checkpoints made bad by `steps`)."""
+    from fssl import checkpoint
+    from server_app.config import compose
+
+    run = tmp / name
+    run.mkdir()
+    import yaml
+
+    (run / "config.yaml").write_text(yaml.safe_dump(compose(["num_rounds=4"])))
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    if steps:
+        checkpoint.save(run, {"global": {"w": np.ones(2)}}, {"round": 1})
+        checkpoint.save(run, {"global": {"w": np.ones(2)}}, {"round": 2})
+        for f in (checkpoint.FILE, checkpoint.PREVIOUS):
+            data = (run / f).read_bytes()
+            (run / f).write_bytes(data[: len(data) // 2])
+    return run
+
+
+# (area, what is wrong, run-config or a function of the temporary directory giving one, the word
+# the message must name, the command: local (feddb local) or run (feddb run))
+CASES = [
+    ("run-config", "an unknown key", "lrr=0.1", "lrr"),
+    ("run-config", "an unquoted string", "dpl=maybe", "dpl"),
+    ("run-config", "a bare word", "seed=1 dpl", "dpl"),
+    ("run-config", "an unbalanced quote", "overrides='train.lr=0.1", "overrides"),
+    ("run-config", "negative rounds", "num-server-rounds=-3", "num-server-rounds"),
+    ("run-config", "an unknown method", "method='fedbogus'", "method"),
+    ("run-config", "an unknown partition", "partition='dir0.7'", "partition"),
+    ("run-config", "an unknown experiment", "experiment='huge'", "experiment"),
+    ("run-config", "an unknown dataset", "dataset='imagenet'", "dataset"),
+    ("run-config", "an unknown model", "model='resnet'", "model"),
+    ("run-config", "an unknown scenario", "scenario='labels_nowhere'", "scenario"),
+    ("run-config", "an unknown strategy", "strategy='fedbogus'", "strategy"),
+    ("run-config", "a seed that is a string", "seed='one'", "seed"),
+    ("overrides", "a key that does not exist", "overrides='train.lrr=0.1'", "train.lrr"),
+    ("overrides", "a key added with +", "overrides='+train.lrr=0.1'", "train.lrr"),
+    ("overrides", "a key added with ++", "overrides='++dma.stepz=5'", "dma.stepz"),
+    ("overrides", "tau above 1", "overrides='train.tau=1.5'", "train.tau"),
+    ("overrides", "a negative lr", "overrides='train.lr=-0.1'", "train.lr"),
+    ("overrides", "no clients", "overrides='fl.num_clients=0'", "fl.num_clients"),
+    ("overrides", "an unknown training mode", "overrides='train.mode=huge'", "train.mode"),
+    ("overrides", "an unknown DMA mode", "overrides='dma.mode=fast'", "dma.mode"),
+    ("overrides", "a fraction above 1", "overrides='fl.fraction_train=1.5'", "fl.fraction_train"),
+    ("overrides", "a custom strategy without a class", "strategy='custom'", "strategy.target"),
+    (
+        "data files",
+        "a missing file",
+        lambda t: f"dataset='npz' data-path='{t}/nothing.npz'",
+        "nothing.npz",
+    ),
+    (
+        "data files",
+        "a truncated .npz",
+        lambda t: f"dataset='npz' data-path='{truncated(t)}'",
+        "cut.npz",
+    ),
+    (
+        "data files",
+        "an .npz with flipped bytes",
+        lambda t: f"dataset='npz' data-path='{flipped(t)}'",
+        "flipped.npz",
+    ),
+    (
+        "data files",
+        "a text file named .npz",
+        lambda t: f"dataset='npz' data-path='{text_file(t)}'",
+        "notes.npz",
+    ),
+    (
+        "data files",
+        "object arrays (pickles)",
+        lambda t: f"dataset='npz' data-path='{objects(t)}'",
+        "objects.npz",
+    ),
+    (
+        "data files",
+        "an array missing",
+        lambda t: f"dataset='npz' data-path='{digits(t, 'no_test.npz', y_test=None)}'",
+        "no_test.npz",
+    ),
+    (
+        "data files",
+        "float images",
+        lambda t: (
+            f"dataset='npz' data-path='{digits(t, 'floats.npz', x_train=np.zeros((1000, 28, 28)))}'"
+        ),
+        "x_train",
+    ),
+    (
+        "data files",
+        "labels and images of different lengths",
+        lambda t: (
+            f"dataset='npz' data-path='{digits(t, 'short.npz', y_train=np.arange(999) % 10)}'"
+        ),
+        "y_train",
+    ),
+    (
+        "data files",
+        "a stray label K",
+        lambda t: (
+            f"dataset='npz' data-path='{stray_label(t)}' overrides='dataset.num_labeled=100 dataset.val_size=100'"
+        ),
+        "class 10",
+    ),
+    (
+        "data files",
+        "a test label outside the classes",
+        lambda t: f"dataset='npz' data-path='{digits(t, 'test11.npz', y_test=np.full(200, 11))}'",
+        "y_test",
+    ),
+    (
+        "data files",
+        "a directory for an image folder that is not there",
+        lambda t: f"dataset='imagefolder' data-path='{t}/photos'",
+        "photos",
+    ),
+    ("resume", "a directory that is not a run", lambda t: f"resume='{t}/nothing'", "nothing"),
+    ("resume", "a run without a checkpoint", lambda t: f"resume='{run_with(t, 'young')}'", "young"),
+    (
+        "resume",
+        "both checkpoints truncated",
+        lambda t: f"resume='{run_with(t, 'broken', 1)}'",
+        "checkpoint.pt",
+    ),
+    (
+        "resume",
+        "resume with another key",
+        lambda t: f"resume='{run_with(t, 'other')}' seed=3",
+        "seed",
+    ),
+]
+
+
+def cases() -> list[tuple]:
+    """Each case for `feddb local`, and the run-config ones for `feddb run` too (its preflight
+    answers before Ray or a SuperLink starts)."""
+    out = [(*c, "local") for c in CASES]
+    out += [(*c, "run") for c in CASES if c[0] == "run-config"][:4]
+    return out
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def answer(tmp: Path, item, command: str, capsys) -> tuple[int, str]:
+    rc = item(tmp) if callable(item) else item
+    rc = f"{rc} output-dir='{tmp}/out'" if "resume" not in rc else rc
+    before = snapshot(tmp)
+    main = local_main if command == "local" else run_main
+    code = main(["--run-config", rc])
+    err = capsys.readouterr().err.strip()
+    after = snapshot(tmp)
+    assert after == before, f"the directory changed: {set(after) ^ set(before)}"
+    return code, err
+
+
+RESULTS: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("area,wrong,item,word,command", cases(), ids=lambda v: str(v)[:40])
+def test_a_bad_input_gets_one_line_and_exit_2_before_anything_starts(
+    area, wrong, item, word, command, tmp_path, capsys
+):
+    code, err = answer(tmp_path, item, command, capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert word in err, f"the message does not name {word!r}: {err}"
+    assert "Traceback" not in err
+    RESULTS[f"{area}|{wrong}|{command}"] = err.replace(str(tmp_path), "<tmp>")
+
+
+def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, capsys):
+    rows = []
+    for area, wrong, item, _, command in cases():
+        key = f"{area}|{wrong}|{command}"
+        if key not in RESULTS:  # run alone: answer it here
+            tmp = tmp_path_factory.mktemp("case")
+            code, err = answer(tmp, item, command, capsys)
+            RESULTS[key] = err.replace(str(tmp), "<tmp>")
+        message = re.sub(r"\s+", " ", RESULTS[key]).replace("|", "\\|")
+        rows.append(f"| {area} | {wrong} | `feddb {command}` | 2 | {message} |")
+    table = "\n".join(
+        [
+            f"{len(rows)} bad inputs, each answered with exit 2 before any process starts, the run "
+            "directory unchanged (tests/test_bad_inputs.py):",
+            "",
+            "| area | input | command | exit | message |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    text = DOC.read_text()
+    assert BEGIN in text and END in text, f"docs/running.md lost its {BEGIN} ... {END} markers"
+    head, rest = text.split(BEGIN)
+    current, tail = rest.split(END)
+    if os.environ.get("FEDDB_WRITE_DOCS") == "1":
+        DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        current = table
+    current = current.strip()
+    assert len(rows) >= 30
+    assert current == table, (
+        "docs/running.md's table is stale: FEDDB_WRITE_DOCS=1 pytest " + __file__
+    )
