@@ -3,8 +3,8 @@
 What plain `flwr run .` does not do, this does:
 - validates the configuration (and finds the data) before anything starts;
 - sizes the federation from `fl.num_clients` (`num-supernodes`) and the client resources;
-- uses a project-local FLWR_HOME and its own free ports, so a stale SuperLink from elsewhere is
-  never reused, disables Flower's runtime dependency installation, and stops the SuperLink it
+- uses a Flower home of its own (.flwr-home/run-<pid>-<port>, removed after the run) and free
+  ports, so neither a stale SuperLink from elsewhere nor another run's is ever reused, disables Flower's runtime dependency installation, and stops the SuperLink it
   started (by pid) at the end;
 - exits non-zero when the run did not finish as `finished:completed` (`flwr run` exits 0 anyway).
 """
@@ -366,19 +366,23 @@ def flwr_run(
     show: bool = True,
     watch: Callable[[], str | None] | None = None,
 ) -> int:
-    """`flwr run app` on a local simulation federation with its own FLWR_HOME default, free
-    ports and no runtime dependency installation; follows the log (if `show`), checks that the
+    """`flwr run app` on a local simulation federation with its own FLWR_HOME (unless one is set)
+    and free ports, and no runtime dependency installation; follows the log (if `show`), checks that the
     run finished as completed and stops the SuperLink it started. 0 on success. `watch` says
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
     export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
-    env.setdefault("FLWR_HOME", str(PROJECT / ".flwr-home"))
+    http_port, control_port = free_port(), free_port()
+    # a Flower home of its own (the local SuperLink's database lives there), removed afterwards:
+    # two runs at once, or one beside a plain `flwr run`, never share a SuperLink
+    own_home = PROJECT / ".flwr-home" / f"run-{os.getpid()}-{http_port}"
+    if "FLWR_HOME" not in env:
+        env["FLWR_HOME"] = str(own_home)
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
     env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")  # picks the run up at once, not
     # within Flower's default 1 s
-    http_port, control_port = free_port(), free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
@@ -427,6 +431,7 @@ def flwr_run(
         done.set()
         stage.cleanup()
         stop_run(http_port, followers)
+        shutil.rmtree(own_home, ignore_errors=True)
 
 
 def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
