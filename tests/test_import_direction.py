@@ -50,3 +50,40 @@ def test_the_check_sees_upward_imports_anywhere_in_a_file():
     )
     assert imported_modules(source) & FORBIDDEN["fssl"] == {"flwr", "server_app"}
     assert imported_modules("from .config import require\n") == set()
+
+
+# What a ClientApp process may not load: each is paid again by every message a SuperNode answers
+# (Flower 1.41 starts a fresh ClientApp process per message), and none is needed to train.
+NOT_IN_A_CLIENT = (
+    "hydra",
+    "omegaconf",
+    "matplotlib",
+    "pandas",
+    "scipy",
+    "yaml",
+    "ray",
+    "tensorboard",
+    "mlflow",
+    "wandb",
+    "datasets",
+    "flwr_datasets",
+    "PIL",
+    "torchvision",
+    "feddb",
+    "server_app",
+)
+
+
+def test_the_client_app_imports_only_what_a_client_needs():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, client_app.app\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "torch" in loaded and "flwr" in loaded  # the probe saw the app's imports
+    assert sorted(set(loaded) & set(NOT_IN_A_CLIENT)) == []
