@@ -4,6 +4,7 @@
     feddb deploy keys   --out deploy/keys --count 3
     feddb deploy export --out deploy/data --run-config "overrides='fl.num_clients=3'"
     feddb deploy local  --nodes 3 --workdir deploy --run-config "..."
+    feddb deploy local  --nodes 6 --churn 7 --run-config "num-server-rounds=20 ..."  # churn soak
 
 `certs` makes a CA and a server certificate for the given host names and addresses; `keys` makes one
 ECDSA P-384 key pair (OpenSSH format) per SuperNode; `export` writes one data file per client (only
@@ -320,8 +321,13 @@ def run_local(
     insecure: bool = False,
     kill_node_after: float | None = None,
     kill_after_round: int | None = None,
+    churn: int | None = None,
+    churn_every: tuple[float, float] = (8.0, 20.0),
+    churn_down: tuple[float, float] = (4.0, 12.0),
+    churn_kills: int | None = None,
 ) -> int:
-    """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code."""
+    """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code.
+    `churn`: a seed; SuperNodes are then killed and restarted at random times (Churn)."""
     if kill_after_round is not None and not run_config.get("output-dir"):
         print(
             "error: --kill-node-after-round needs output-dir in --run-config (where the run's "
@@ -347,6 +353,19 @@ def run_local(
             dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
+        chaos = None
+        if churn is not None:
+            chaos = Churn(
+                dep,
+                nodes,
+                data_files,
+                keys,
+                churn,
+                dep.workdir / "churn.jsonl",
+                churn_every,
+                churn_down,
+            )
+            chaos.start()
         status = dep.follow(
             run_id,
             kill_node_after,
@@ -354,6 +373,8 @@ def run_local(
             if kill_after_round is None
             else (kill_after_round, Path(run_config["output-dir"]) / "metrics.jsonl"),
         )
+        if chaos is not None:
+            print(chaos.stop(), flush=True)
         if status.get("status") != "finished:completed":
             print(
                 f"error: run {run_id} ended as {status.get('status')}: "
@@ -368,6 +389,111 @@ def run_local(
         return 1
     finally:
         dep.close()
+
+
+def span(text: str, flag: str) -> tuple[float, float]:
+    """`A,B` seconds, 0 <= A <= B; ValueError naming the flag otherwise."""
+    try:
+        a, b = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} takes two numbers of seconds, A,B (got {text!r})") from None
+    if not 0 <= a <= b:
+        raise ValueError(f"{flag} {text}: needs 0 <= A <= B")
+    return a, b
+
+
+class Churn:
+    """SuperNodes leaving and joining at random (seeded) times while a run goes on: every
+    `every` seconds (drawn uniformly) one running node is killed, and comes back `down` seconds
+    later with the same key and data file (a machine that crashed and rebooted); the ServerApp
+    binds its partition to the new node at the next round (server_app.app.rebind_joined_nodes).
+    Each event, and the resident memory of the SuperLink and the SuperNodes sampled every 2 s, go
+    to `log` (JSON lines); `stop` returns a one-line summary."""
+
+    def __init__(
+        self,
+        dep: LocalDeployment,
+        nodes: int,
+        data_files: list[Path],
+        keys: list[Path],
+        seed: int,
+        log: Path,
+        every: tuple[float, float] = (8.0, 20.0),
+        down: tuple[float, float] = (4.0, 12.0),
+        max_kills: int | None = None,
+    ) -> None:
+        import random
+        import threading
+
+        self.dep, self.nodes, self.data_files, self.keys = dep, nodes, data_files, keys
+        self.rng, self.every, self.down = random.Random(seed), every, down
+        self.log, self.done = log, threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.kills, self.restarts, self.peak, self.first = 0, 0, {}, {}
+        self.max_kills = max_kills
+
+    def start(self) -> None:
+        self.log.write_text("")
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def note(self, **event) -> None:
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"t": round(time.monotonic() - self.t0, 1), **event}) + "\n")
+
+    def rss(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self.dep.procs.items():
+            try:
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[name] = int(line.split()[1]) / 1024
+            except OSError:
+                continue
+        return out
+
+    def sample(self) -> None:
+        for name, mb in self.rss().items():
+            self.first.setdefault(name, mb)
+            self.peak[name] = max(self.peak.get(name, 0.0), mb)
+
+    def wait(self, seconds: float) -> bool:
+        """Sample memory while waiting; True when the run ended meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.sample()
+            if self.done.wait(min(2.0, max(0.0, deadline - time.monotonic()))):
+                return True
+        return False
+
+    def loop(self) -> None:
+        while not self.wait(self.rng.uniform(*self.every)):
+            if self.max_kills is not None and self.kills >= self.max_kills:
+                self.wait(1e9)  # memory is still sampled until the run ends
+                break
+            i = self.rng.randrange(self.nodes)
+            self.dep.procs[f"supernode_{i}"].kill()
+            self.kills += 1
+            self.note(event="kill", node=i)
+            if self.wait(self.rng.uniform(*self.down)):
+                break
+            self.dep.start_supernode(
+                i, self.nodes, self.data_files[i], self.keys[i] if self.keys else None
+            )
+            self.restarts += 1
+            self.note(event="restart", node=i)
+
+    def stop(self) -> str:
+        self.done.set()
+        self.thread.join(10)
+        link = self.peak.get("superlink", 0.0)
+        nodes = [v for k, v in self.peak.items() if k.startswith("supernode")]
+        self.note(event="end", peak_rss_mb=self.peak, first_rss_mb=self.first)
+        return (
+            f"churn: {self.kills} SuperNode kills, {self.restarts} restarts ({self.log}); peak "
+            f"resident memory: SuperLink {link:.0f} MB (at start "
+            f"{self.first.get('superlink', 0.0):.0f}), a SuperNode {max(nodes, default=0):.0f} MB"
+        )
 
 
 def _wait_for_port(port: int, timeout: float = 30.0) -> None:
@@ -417,6 +543,24 @@ def main(argv: list[str] | None = None) -> int:
         help="kill SuperNode 0 once round N is recorded (failure drill; needs "
         "output-dir in --run-config)",
     )
+    lo.add_argument(
+        "--churn",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="kill a random SuperNode every 8-20 s and restart it 4-12 s later, drawn from SEED; "
+        "events and memory in <workdir>/churn.jsonl (the soak: --nodes 6, 20+ rounds)",
+    )
+    lo.add_argument(
+        "--churn-every",
+        default="8,20",
+        metavar="A,B",
+        help="seconds between kills, drawn in [A, B]",
+    )
+    lo.add_argument(
+        "--churn-down", default="4,12", metavar="A,B", help="seconds a killed node stays down"
+    )
+    lo.add_argument("--churn-kills", type=int, default=None, help="at most this many kills")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
@@ -444,6 +588,10 @@ def main(argv: list[str] | None = None) -> int:
             args.insecure,
             args.kill_node_after,
             args.kill_node_after_round,
+            args.churn,
+            span(args.churn_every, "--churn-every"),
+            span(args.churn_down, "--churn-down"),
+            args.churn_kills,
         )
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

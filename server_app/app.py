@@ -52,7 +52,11 @@ def run_dir_for(cfg: dict[str, Any]) -> Path:
 
 
 def query_nodes(
-    grid: Grid, nodes: list[int], timeout: float, timeline: Timeline | None = None
+    grid: Grid,
+    nodes: list[int],
+    timeout: float,
+    timeline: Timeline | None = None,
+    at_least: float = 60.0,
 ) -> dict[int, dict[str, int]]:
     """Ask each node its partition id and whether it holds its own data file (and, for the
     start-up timeline, when its process started and imported the ClientApp)."""
@@ -60,7 +64,7 @@ def query_nodes(
     info: dict[int, dict[str, int]] = {}
     started: list[float | None] = []
     imported: list[float] = []
-    for reply in grid.send_and_receive(msgs, timeout=max(timeout, 60.0)):
+    for reply in grid.send_and_receive(msgs, timeout=max(timeout, at_least)):
         if reply.has_error():
             raise NodeError(
                 f"node {reply.metadata.src_node_id} failed to report its partition: "
@@ -113,6 +117,31 @@ def bind_partitions(
     if len(node_of) != num_clients:
         raise NodeError(f"only {len(node_of)} of {num_clients} nodes reported their partition")
     return node_of
+
+
+def rebind_joined_nodes(grid: Grid, strategy: WeightedAverage, num_clients: int) -> list[int]:
+    """Before a round of a deployment: SuperNodes that connected since the last look (a node
+    restarted after a crash, or one replacing it) are asked their partition, which then goes to
+    them; the partitions that moved are returned. A node that does not answer within 30 s, or
+    names no partition of this run, is left out until it does."""
+    known = set(strategy.node_of.values())
+    joined = [n for n in sorted(grid.get_node_ids()) if n not in known]
+    if not joined:
+        return []
+    try:
+        info = query_nodes(grid, joined, 30.0, at_least=30.0)
+    except NodeError as err:
+        print(f"[feddb] a joining node was not bound: {err}", flush=True)
+        return []
+    node_of, moved = dict(strategy.node_of), []
+    for node, v in sorted(info.items()):
+        if v["own-data"] and 0 <= v["pid"] < num_clients:
+            node_of[v["pid"]] = node
+            moved.append(v["pid"])
+    if moved:
+        print(f"[feddb] partitions {moved} rejoined on new nodes", flush=True)
+        strategy.bind_nodes(node_of)
+    return moved
 
 
 def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None:
@@ -216,6 +245,8 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
     loop = RoundLoop(strategy, grid, server)
+    if not simulation:  # SuperNodes may leave and join during the run
+        loop.before_round = lambda _: rebind_joined_nodes(grid, strategy, cfg["fl"]["num_clients"])
 
     def after_round(server_round: int, current: ArrayRecord) -> None:
         if not timeline.written:

@@ -77,12 +77,16 @@ class RoundLoop:
         self.cfg = strategy.cfg
         self.server = server  # labels_at_server: the server's labels and its training
         self.server_model: ArrayRecord | None = None  # the server's model of the round (parallel)
+        # called with the round before its instructions go out (deployment: nodes that joined)
+        self.before_round: Callable[[int], None] | None = None
         self.parallel_seconds = 0.0  # its training, inside the push of the round's instructions
         self.first_push_time: float | None = None  # the start-up timeline's "first round sent"
 
     def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
         """Send round t's instructions; a server that trains in parallel then trains on its
         labels from the same global model while the clients train."""
+        if self.before_round is not None:
+            self.before_round(server_round)
         driver = self.strategy.driver
         pending = push(
             self.grid, driver.configure_train(server_round, arrays, ConfigRecord(), self.grid)
