@@ -411,3 +411,39 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_previous_one(baseline, s
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
     assert local_main(["--run-config", f"resume='{run_dir}'"]) == 2
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+
+def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
+    """A SuperNode restarted under a new node id (or one replacing a dead machine) answers the
+    partition query before the next round, and its partition's instructions go to it; a node that
+    names a partition outside the run, or holds no data file of its own, is left out."""
+    from flwr.app import ConfigRecord as Config
+
+    from server_app.app import rebind_joined_nodes
+    from strategy.base import WeightedAverage
+
+    answers = {21: (0, 1), 22: (7, 1), 23: (1, 0)}  # node -> (partition-id, own-data)
+
+    class Grid:
+        def get_node_ids(self):
+            return [11, 12, 21, 22, 23]
+
+        def send_and_receive(self, msgs, timeout):
+            out = []
+            for m in msgs:
+                pid, own = answers[m.metadata.dst_node_id]
+                rec = RecordDict({"info": Config({"partition-id": pid, "own-data": own})})
+                reply = Message(content=rec, reply_to=m)
+                reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+                out.append(reply)
+            return out
+
+    class Strategy:
+        node_of = {0: 10, 1: 11, 2: 12}
+
+        def bind_nodes(self, node_of):
+            WeightedAverage.bind_nodes(self, node_of)
+
+    strategy = Strategy()
+    assert rebind_joined_nodes(Grid(), strategy, 3) == [0]
+    assert strategy.node_of == {0: 21, 1: 11, 2: 12} and strategy.pids_on[21] == [0]
