@@ -188,6 +188,9 @@ class LocalDeployment:
                 "--enable-supernode-auth",
             ]
             connection["root-certificates"] = str(c["ca"])
+        # its state (runs, registered nodes) in a file: a restarted SuperLink carries on from it
+        cmd += ["--database", str(self.workdir / "superlink-state.db")]
+        self.superlink_cmd = cmd
         home = self.workdir / "cli-home"
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
@@ -195,6 +198,17 @@ class LocalDeployment:
             + "".join(f"{k} = {json.dumps(v)}\n" for k, v in connection.items())
         )
         self._start("superlink", cmd)
+        _wait_for_port(self.port)
+
+    def restart_superlink(self) -> None:
+        """Kill the SuperLink (a crash: no clean shutdown) and start it again on the same port,
+        certificates and state database."""
+        old = self.procs["superlink"]
+        old.kill()
+        old.wait()
+        self.restarts = getattr(self, "restarts", 0) + 1
+        self._start(f"superlink_restart{self.restarts}", self.superlink_cmd)
+        self.procs["superlink"] = self.procs.pop(f"superlink_restart{self.restarts}")
         _wait_for_port(self.port)
 
     def register(self, key: Path) -> None:
@@ -258,6 +272,7 @@ class LocalDeployment:
         run_id: int,
         kill_node_after: float | None = None,
         kill_after_round: tuple[int, Path] | None = None,
+        restart_after_round: tuple[int, Path] | None = None,
     ) -> dict:
         """Wait until the run ends, optionally killing SuperNode 0 after a delay or once the run's
         metrics.jsonl holds a given round (failure drills); print its log. A streaming `flwr log`
@@ -284,6 +299,13 @@ class LocalDeployment:
                     self.procs["supernode_0"].kill()
                     print("killed SuperNode 0 (partition 0)", flush=True)
                     kill_node_after = kill_after_round = None
+                if restart_after_round is not None:
+                    rounds, metrics = restart_after_round
+                    if metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds:
+                        self.restart_superlink()
+                        print(f"restarted the SuperLink after round {rounds}", flush=True)
+                        restart_after_round = None
+                        checked = 0.0  # the log stream broke off with it: ask `flwr ls`
                 streaming = stream.poll() is None
                 if now - checked < (30.0 if streaming else 2.0):
                     continue
@@ -325,16 +347,21 @@ def run_local(
     churn_every: tuple[float, float] = (8.0, 20.0),
     churn_down: tuple[float, float] = (4.0, 12.0),
     churn_kills: int | None = None,
+    restart_after_round: int | None = None,
 ) -> int:
     """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code.
     `churn`: a seed; SuperNodes are then killed and restarted at random times (Churn)."""
-    if kill_after_round is not None and not run_config.get("output-dir"):
-        print(
-            "error: --kill-node-after-round needs output-dir in --run-config (where the run's "
-            "metrics.jsonl is watched), e.g. output-dir='runs/drill'",
-            file=sys.stderr,
-        )
-        return 2
+    for flag, value in (
+        ("--kill-node-after-round", kill_after_round),
+        ("--restart-superlink-after-round", restart_after_round),
+    ):
+        if value is not None and not run_config.get("output-dir"):
+            print(
+                f"error: {flag} needs output-dir in --run-config (where the run's metrics.jsonl "
+                "is watched), e.g. output-dir='runs/drill'",
+                file=sys.stderr,
+            )
+            return 2
     data_files = export_data(run_config, workdir / "data")
     if len(data_files) != nodes:
         print(
@@ -366,13 +393,23 @@ def run_local(
                 churn_down,
             )
             chaos.start()
+        metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
         status = dep.follow(
             run_id,
             kill_node_after,
-            None
-            if kill_after_round is None
-            else (kill_after_round, Path(run_config["output-dir"]) / "metrics.jsonl"),
+            None if kill_after_round is None else (kill_after_round, metrics),
+            None if restart_after_round is None else (restart_after_round, metrics),
         )
+        if restart_after_round is not None and status.get("status") != "finished:completed":
+            # the ServerApp did not outlive its SuperLink: the documented way on, a run that
+            # resumes from the ServerApp's last checkpoint on the same SuperNodes
+            print(
+                f"run {run_id} ended as {status.get('status')} with its SuperLink; resuming it "
+                f"from its checkpoint: resume='{run_config['output-dir']}'",
+                flush=True,
+            )
+            run_id = dep.submit({"resume": run_config["output-dir"]})
+            status = dep.follow(run_id)
         if chaos is not None:
             print(chaos.stop(), flush=True)
         if status.get("status") != "finished:completed":
@@ -561,6 +598,15 @@ def main(argv: list[str] | None = None) -> int:
         "--churn-down", default="4,12", metavar="A,B", help="seconds a killed node stays down"
     )
     lo.add_argument("--churn-kills", type=int, default=None, help="at most this many kills")
+    lo.add_argument(
+        "--restart-superlink-after-round",
+        type=int,
+        default=None,
+        metavar="N",
+        help="kill the SuperLink once round N is recorded and start it again on its state "
+        "database; a run that did not survive it is resumed from its checkpoint (drill; needs "
+        "output-dir in --run-config)",
+    )
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
@@ -592,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             span(args.churn_every, "--churn-every"),
             span(args.churn_down, "--churn-down"),
             args.churn_kills,
+            args.restart_superlink_after_round,
         )
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -180,8 +180,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--cores", type=int, default=cores(), help="cores the sweep uses (all)")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument(
+        "--paper-round",
+        action="store_true",
+        help="instead: a paper round's FLOPs against the device's measured rate for its model "
+        "(feddb/roundfloor.py)",
+    )
+    ap.add_argument("--experiment", default="paper/cifar10_dir0.3", help="--paper-round's preset")
+    ap.add_argument("--device", default="cuda", help="--paper-round: where the rate is measured")
+    ap.add_argument(
+        "--batches", default="540,5400", help="--paper-round: training-step batches to time"
+    )
+    ap.add_argument("--clients-images", default="40,500", help="--paper-round: labeled,pool")
+    ap.add_argument("--run", help="--paper-round: also a run's rounds as they were (its dir)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
+    if args.paper_round:
+        return paper_round_floor(args)
     rows = sweep_rows([s.strip() for s in args.sweep.split(",") if s.strip()])
     print(f"{'preset':<28} {'row':<20} {'runs':>4} {'TFLOP a run':>11}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,6 +219,57 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(
             json.dumps({"config": vars(args), "rows": rows, "rates": rates, "floor_seconds": floor})
+        )
+    return 0
+
+
+def paper_round_floor(args: argparse.Namespace) -> int:
+    """`--paper-round`: the round's FLOPs (every unlabeled image confident; and a run's rounds),
+    the device's rate for the model's training step at each batch, and the two floors."""
+    from feddb import roundfloor
+    from server_app.config import compose
+
+    try:
+        cfg = compose([f"experiment={args.experiment}"])
+        n_l, n_u = (int(x) for x in args.clients_images.split(","))
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    test_images = {"cifar10": 10000, "cifar100": 10000, "svhn": 26032}.get(
+        cfg["dataset"]["name"], 10000
+    )
+    count = roundfloor.paper_round(cfg, n_l, n_u, test_images)
+    print(
+        f"{args.experiment}: a round of {count['clients']} clients ({n_l} labeled, {n_u} pool "
+        f"images each, every one confident): {count['round'] / 1e12:.2f} TFLOP "
+        f"({count['client'] / 1e12:.2f} a client, evaluation {count['evaluation'] / 1e12:.2f})"
+    )
+    out = {"experiment": args.experiment, "count": count}
+    if args.run:
+        out["run"] = roundfloor.measured_rounds(Path(args.run), cfg, test_images)
+        print(
+            f"{args.run}: {out['run']['rounds']} rounds as they were, "
+            f"{out['run']['mean_round'] / 1e12:.2f} TFLOP a round on average"
+        )
+    try:
+        rates = {b: roundfloor.step_rate(cfg, args.device, b) for b in batches}
+    except (RuntimeError, AssertionError) as err:
+        print(f"error: no rate on {args.device}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for b, r in rates.items():
+        print(f"{args.device}: the training step at batch {b}: {r / 1e12:.1f} TFLOP/s")
+    best = max(rates.values())
+    own = rates.get(count["step_batch"], best)
+    floor = {"best_rate": count["round"] / best, "clients_in_turn": count["round"] / own}
+    print(
+        f"floor: {floor['best_rate']:.2f} s a round at the best rate, "
+        f"{floor['clients_in_turn']:.2f} s with the clients one after another at batch "
+        f"{count['step_batch']}"
+    )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({**out, "rates": rates, "floor_seconds": floor, "device": args.device})
         )
     return 0
 

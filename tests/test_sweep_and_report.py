@@ -490,3 +490,16 @@ def test_an_interrupted_run_whose_clients_keep_their_optimiser_is_restarted_not_
     assert "resume=" not in (root / "fixmatch" / "s0" / "run_config").read_text()
     assert (root / "fixmatch" / "s0.interrupted" / "checkpoint.pt").is_file()
     assert (root / "fedavg" / "s0" / "run_config").read_text().startswith("resume=")
+
+
+def test_sweep_help_lists_the_sweeps_own_flags_and_hydras():
+    res = subprocess.run(
+        [sys.executable, "-m", "feddb.sweep", "--help"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "--jobs N|auto" in res.stdout and "--mps" in res.stdout
+    assert "powered by Hydra" in res.stdout  # Hydra's own help follows
