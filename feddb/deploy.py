@@ -158,7 +158,7 @@ class LocalDeployment:
             cwd=self.workdir,
             env=env,
             stderr=subprocess.STDOUT,
-            stdout=open(self.logs / f"{name}.log", "w"),  # noqa: SIM115 - open while the node runs
+            stdout=open(self.logs / f"{name}.log", "a"),  # noqa: SIM115 - open while the node runs (a restarted one appends)
         )
         self.procs[name] = proc
         return proc

@@ -169,6 +169,8 @@ EXTENSIBLE = ("strategy.params.", "partition.params.", "partition.partitioner")
 def _check_group_choices(overrides: list[str]) -> None:
     for item in overrides:
         key, sep, value = item.partition("=")
+        if key.lstrip("+~") in REMOVED:
+            raise ConfigError(f"{key.lstrip('+~')} is gone: {REMOVED[key.lstrip('+~')]}")
         if key.startswith("+") and not key.lstrip("+").startswith(EXTENSIBLE):
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "

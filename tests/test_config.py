@@ -122,14 +122,15 @@ def test_paper_presets(name):
         ({"overrides": "fl.fraction_train=1.5"}, "`fl.fraction_train`: 1.5"),
         ({"overrides": "eval.threads=0"}, "`eval.threads`: 0; allowed: auto, or an integer >= 1"),
         ({"overrides": "eval.every=0"}, "`eval.every`: 0; allowed: an integer >= 1"),
-        ({"num-server-rounds": -1}, "`num_rounds`: -1"),
+        ({"num-server-rounds": -1}, "num-server-rounds (`num_rounds`): -1"),
         (
             {"overrides": "fl.always_sample=[25]"},
             "`fl.always_sample`: [25]; allowed: a list of "
             "integers x with 0 <= x < 20 (partition ids, e.g. [0]; 20 = fl.num_clients)",
         ),
         ({"overrides": "dma.mode=adam"}, "`dma.mode`: 'adam'; allowed: softmax, literal, exact"),
-        ({"overrides": "train.nosuchkey=1"}, "invalid override"),
+        ({"overrides": "train.nosuchkey=1"}, "unknown key `train.nosuchkey` in overrides"),
+        ({"overrides": "+train.nosuchkey=1"}, "adds `train.nosuchkey`, a key the configuration"),
         (
             {"overrides": "train.local_epochs=2.5"},
             "`train.local_epochs`: 2.5; allowed: an integer >= 0",

@@ -313,19 +313,19 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
 
 @pytest.mark.slow
 def test_a_superlink_restart_mid_run_ends_with_every_round_recorded_once(tmp_path):
-    """The SuperLink killed once round 2 is recorded and started again on its state database
+    """The SuperLink killed once round 1 is recorded and started again on its state database
     (TLS and authentication on): the run goes on, or, where its ServerApp did not outlive the
-    SuperLink, is resumed from its checkpoint on the same SuperNodes by `feddb deploy local
-    --run-config "resume='<run dir>'"`; either way each of the 4 rounds is recorded once."""
+    SuperLink, is resumed from its checkpoint on the same SuperNodes (`flwr run ...
+    --run-config "resume='<run dir>'"`); either way each of the 3 rounds is recorded once."""
     out = tmp_path / "run"
     res = deploy(
         tmp_path,
-        f"num-server-rounds=4 seed=2 output-dir='{out}' overrides='{TINY} checkpoint.every=1'",
+        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} checkpoint.every=1'",
         "--restart-superlink-after-round",
-        "2",
+        "1",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "restarted the SuperLink after round 2" in res.stdout
+    assert "restarted the SuperLink after round 1" in res.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in recs] == [1, 2, 3, 4]
+    assert [r["round"] for r in recs] == [1, 2, 3]
     assert not flower_pids(tmp_path / "w")

@@ -30,10 +30,55 @@ def launch(tmp_path, run_config, *extra, timeout=400):
     )
 
 
+def beside(tmp_path) -> tuple[list, list]:
+    """Another `feddb run` (its own Flower home, the default) and a plain `flwr run` with its own
+    home and ports (docs/running.md), started at once: (processes, their run directories)."""
+    from feddb.resources import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    rc = f"num-server-rounds=1 overrides='{TINY} fl.num_clients=2 fl.fraction_train=1.0'"
+    other, plain_out = tmp_path / "other", tmp_path / "plain"
+    plain_env = dict(
+        env,
+        FLWR_HOME=str(tmp_path / "plain-home"),
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+    )
+    cmds = [
+        ([sys.executable, "-m", "feddb.launch", "--run-config", f"{rc} output-dir='{other}'"], env),
+        (
+            [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream", "--run-config"]
+            + [f"{rc} output-dir='{plain_out}'"],
+            plain_env,
+        ),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=PROJECT, env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for cmd, e in cmds
+    ]
+    return procs, [other, plain_out]
+
+
 @pytest.mark.slow
 def test_feddb_run_completes_and_writes_metrics(tmp_path):
+    """... beside another `feddb run` and a plain `flwr run`, started at once: each completes in
+    its own run directory (each has its own SuperLink), and none is left running."""
     out = tmp_path / "run"
-    res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{out}' overrides='{TINY}'")
+    procs, dirs = beside(tmp_path)
+    try:
+        res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{out}' overrides='{TINY}'")
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+    finally:
+        for pid in flower_pids(tmp_path / "plain-home"):  # what the plain run started
+            os.kill(pid, 15)
+    for p, text, d in zip(procs, outs, dirs):
+        assert p.returncode == 0, text[-3000:]
+        assert [json.loads(x)["round"] for x in (d / "metrics.jsonl").open()] == [1]
+    assert not list((PROJECT / ".flwr-home").glob(f"run-{procs[0].pid}-*"))  # its home removed
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout
     assert "[feddb] done: final test acc" in res.stdout and f"run directory: {out}" in res.stdout
@@ -253,69 +298,3 @@ def test_fedmatch_helpers_travel_through_a_real_simulation(tmp_path):
     hist = json.loads((out / "partition_summary.json").read_text())
     assert all(sum(1 for n in h if n) == 2 for h in hist["unlabeled"])
     assert not flower_pids(tmp_path / "flwr-home")
-
-
-@pytest.mark.slow
-def test_two_feddb_runs_at_once_and_one_beside_a_plain_flwr_run_each_keep_their_own(tmp_path):
-    """Two `feddb run`s started together, while a plain `flwr run` with its own home and ports
-    (docs/running.md) runs beside them: each completes in its own run directory, and no
-    SuperLink is left behind."""
-    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
-    rc = f"num-server-rounds=1 overrides='{TINY} fl.num_clients=2 fl.fraction_train=1.0'"
-    runs = [tmp_path / "a", tmp_path / "b"]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "feddb.launch",
-                "--run-config",
-                f"{rc} seed={i} output-dir='{d}'",
-            ],
-            cwd=PROJECT,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i, d in enumerate(runs)
-    ]
-    plain_home = tmp_path / "plain-home"
-    from feddb.resources import free_port
-
-    plain_env = dict(
-        env,
-        FLWR_HOME=str(plain_home),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
-        FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-    )
-    plain_out = tmp_path / "plain"
-    try:
-        plain = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "flwr"),
-                "run",
-                ".",
-                "--stream",
-                "--run-config",
-                f"{rc} output-dir='{plain_out}'",
-            ],
-            cwd=PROJECT,
-            env=plain_env,
-            text=True,
-            capture_output=True,
-            timeout=400,
-        )
-        outs = [p.communicate(timeout=400)[0] for p in procs]
-    finally:
-        for pid in flower_pids(plain_home):  # what the plain run started, by its home
-            os.kill(pid, 15)
-    for p, out, d in zip(procs, outs, runs):
-        assert p.returncode == 0, out[-3000:]
-        assert f"run directory: {d}" in out
-        assert [json.loads(x)["round"] for x in (d / "metrics.jsonl").open()] == [1]
-    assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
-    assert [json.loads(x)["round"] for x in (plain_out / "metrics.jsonl").open()] == [1]
-    assert not list((PROJECT / ".flwr-home").glob(f"run-{procs[0].pid}-*"))  # removed

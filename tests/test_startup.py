@@ -1,5 +1,6 @@
 """The start-up timeline (fssl/profiling.py) and `feddb startup`'s table."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -149,7 +150,15 @@ def test_a_ray_head_that_fails_is_reported_and_the_launcher_falls_back(
         return 0
 
     monkeypatch.setattr(launch, "flwr_run", fake_flwr_run)
-    time.sleep(0.1)
+    real_head = launch.ray_head
+
+    @contextlib.contextmanager
+    def failed_head(enabled):  # the head as the launcher finds it once it has failed
+        with real_head(enabled) as head:
+            head.proc.wait(timeout=30)
+            yield head
+
+    monkeypatch.setattr(launch, "ray_head", failed_head)
     assert launch.main(["--run-config", "num-server-rounds=1"]) == 0
     out = capsys.readouterr().out
     assert "no such port" in out and "starts Ray itself instead" in out
