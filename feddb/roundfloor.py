@@ -15,8 +15,6 @@ only, nothing computed); the rate from timing the model's training step on the d
 from __future__ import annotations
 
 import json
-import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +131,6 @@ def step_rate(cfg: dict[str, Any], device: str, batch: int, repeat: int = 5) -> 
         if bf16:
             torch.cuda.synchronize()
 
-    flops = step_flops(model, shape, batch)
-    step()
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            step()
-        best = min(best, (time.perf_counter() - t0) / repeat)
-    return flops / best
+    from feddb.floor import timed_rate
+
+    return timed_rate(step, step_flops(model, shape, batch), repeat)
