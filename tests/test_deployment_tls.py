@@ -197,7 +197,10 @@ def test_supernodes_that_leave_and_come_back_do_not_end_the_run(tmp_path):
     authenticated SuperNode keeps its node id; another is bound anew at the next round's start);
     nothing is left running. (The soak, 6 nodes and 20 rounds, is the command.)"""
     out = tmp_path / "run"
-    # round 1 includes each SuperNode's cold start; 30 s per round at most once a node is gone
+    # round 1 includes each SuperNode's cold start; 30 s per round at most once a node is gone.
+    # Six rounds: a restarted authenticated node is let back only once Flower has expired its
+    # old session (2 x 30 s of missed heartbeats, a constant); with five it had not come back
+    # by the last round (measured)
     res = deploy(
         tmp_path,
         f"num-server-rounds=6 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=30'",
