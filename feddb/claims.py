@@ -186,10 +186,18 @@ def native_weighting(runs: list[dict[str, Any]]) -> str:
 WARMUP_KEYS = ("test_accuracy", "val_accuracy", "class_accuracy", "top_class_share")
 
 
+def device_kind(run: dict[str, Any]) -> str:
+    return str(run.get("provenance", {}).get("device", "cpu")).split(":")[0]
+
+
 def warmup_matched(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
-    """Whether two runs of one seed share their warm-up: the same number of warm-up rounds and,
-    round by round, the same recorded global model (its accuracies, per class too), which a model
-    that differs anywhere would not give. Without a warm-up both start from the seed's model."""
+    """Whether two runs of one seed are a matched pair: they ran on the same kind of device (on
+    CUDA `train.precision=auto` is bf16, so a CPU arm and a GPU arm would differ in arithmetic
+    too), and they share their warm-up: the same number of warm-up rounds and, round by round, the
+    same recorded global model (its accuracies, per class too), which a model that differs
+    anywhere would not give. Without a warm-up both start from the seed's model."""
+    if device_kind(ra) != device_kind(rb):
+        return False
     warm = ra["cfg"]["train"]["warmup_rounds"]
     if warm != rb["cfg"]["train"]["warmup_rounds"]:
         return False

@@ -21,7 +21,19 @@ ROWS = {
 }
 
 
-def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=True, warm_acc=None):
+def fake_run(
+    root,
+    row,
+    seed,
+    final,
+    worst,
+    top,
+    rounds=6,
+    warmup=2,
+    complete=True,
+    warm_acc=None,
+    device="cpu",
+):
     """A run's records: its warm-up rounds at a seed's common accuracy (`warm_acc` gives it
     another warm-up), the rest at `final`."""
     cfg = compose(
@@ -44,6 +56,7 @@ def fake_run(root, row, seed, final, worst, top, rounds=6, warmup=2, complete=Tr
                 "dirty": False,
                 "date": "2026-11-25T10:00:00+00:00",
                 "hardware": "CPU, 2 cores",
+                "device": device,
             }
         )
     )
@@ -249,6 +262,17 @@ def test_claims_print_paired_p_values_holm_corrected_and_seed_signs(tmp_path):
     assert secondary["primary"] == "0" and secondary["p_holm"] == "" and secondary["verdict"] == ""
     md = (out / "claims.md").read_text()
     assert "| 0.074 | 0.223 | 3+ 0− |" in md
+
+
+def test_a_pair_run_on_two_kinds_of_device_is_unmatched(tmp_path):
+    """FixMatch on a GPU (bf16 by default there) against FedDB w/o DPL on the CPU: unmatched."""
+    for seed in range(3):
+        fake_run(tmp_path, "fixmatch", seed, 0.85, 0.5, 0.14, device="cuda:0")
+        fake_run(tmp_path, "feddb-without-dpl", seed, 0.90, 0.5, 0.14)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {(r["a"], r["b"]): r for r in csv.DictReader((out / "claims.csv").open())}
+    assert rows[("FedDB w/o DPL", "FixMatch, n_m")]["verdict"] == "unmatched"
 
 
 def test_a_comparison_whose_warm_ups_differ_is_unmatched_and_has_no_verdict(tmp_path):
