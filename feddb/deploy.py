@@ -391,6 +391,7 @@ def run_local(
                 dep.workdir / "churn.jsonl",
                 churn_every,
                 churn_down,
+                max_kills=churn_kills,
             )
             chaos.start()
         metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
@@ -400,7 +401,8 @@ def run_local(
             None if kill_after_round is None else (kill_after_round, metrics),
             None if restart_after_round is None else (restart_after_round, metrics),
         )
-        if restart_after_round is not None and status.get("status") != "finished:completed":
+        restarted = getattr(dep, "restarts", 0) > 0
+        if restarted and status.get("status") != "finished:completed":
             # the ServerApp did not outlive its SuperLink: the documented way on, a run that
             # resumes from the ServerApp's last checkpoint on the same SuperNodes
             print(
@@ -480,7 +482,7 @@ class Churn:
 
     def rss(self) -> dict[str, float]:
         out = {}
-        for name, proc in self.dep.procs.items():
+        for name, proc in list(self.dep.procs.items()):  # the SuperLink may be restarted
             try:
                 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):

@@ -64,6 +64,8 @@ def bad_item(text: str) -> str:
         key, value, stray = m.groups()
         if stray is not None:
             return f"{stray!r} is not key=value (quote a value with spaces: key='a b')"
+        if value == "":
+            return f"{key} has no value (write {key}='' for an empty string)"
         try:
             parse_config_args([f"{key}={value}"])
         except click.ClickException:

@@ -8,6 +8,8 @@
         # filter, loss check, DMA cap: on by default on SuperNodes only)
     .venv/bin/feddb overhead --aggregation --experiment paper/cifar10_dir0.3   # no Flower: the
         # server's critical-path aggregation of 10 synthetic updates of that model (DMA, defences)
+    .venv/bin/feddb overhead --deployment --nodes 3 --rounds 8   # SuperNodes with TLS: Flower's
+        # echo floor, the project's null trainer and its training, one after another
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
 each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
@@ -278,6 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument(
+        "--deployment",
+        action="store_true",
+        help="instead: a TLS deployment of --nodes SuperNodes on this machine running Flower's "
+        "echo floor, the project with a null trainer and the project training, side by side "
+        "(feddb/deployoverhead.py; --rounds 8 is enough)",
+    )
+    ap.add_argument("--nodes", type=int, default=3, help="--deployment: SuperNodes")
+    ap.add_argument(
         "--flower-ray",
         action="store_true",
         help="let Flower start Ray in each run instead of the launcher's Ray head",
@@ -306,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN",
     )
     args = ap.parse_args(argv)
+    if args.deployment:
+        from .deployoverhead import main as deployment_main
+
+        return deployment_main(args.nodes, args.rounds, args.json)
     if args.experiment and not args.aggregation:
         ap.error("--experiment goes with --aggregation (the simulations use the default CNN)")
     if args.aggregation:

@@ -188,6 +188,8 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
     for root in paths:
         for cfg_file in sorted(root.rglob("config.yaml")):
             run_dir = cfg_file.parent
+            if any(part.endswith(".interrupted") for part in run_dir.parts):
+                continue  # a partial run a sweep started again (feddb.sweep.resumable)
             metrics = run_dir / "metrics.jsonl"
             if not metrics.is_file():
                 continue

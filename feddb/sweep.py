@@ -130,7 +130,9 @@ def run_one(cfg: Any) -> dict[str, Any]:
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
-    interrupted = (run_dir / "checkpoint.pt").is_file() and (run_dir / "config.yaml").is_file()
+    interrupted = (run_dir / "config.yaml").is_file() and any(
+        (run_dir / f).is_file() for f in ("checkpoint.pt", "checkpoint.prev.pt")
+    )
     if interrupted and not resumable(run_dir):
         record["restarted"], interrupted = True, False
     if interrupted:

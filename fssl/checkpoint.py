@@ -95,12 +95,18 @@ def save(run_dir: Path, arrays: dict[str, dict[str, np.ndarray]], state: dict[st
     state = {**state, "tensor_groups": sorted(arrays)}
     tensors[STATE_KEY] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
     latest, previous = run_dir / FILE, run_dir / PREVIOUS
-    if not problem(latest):  # keep the last good one; a corrupt one is left where it is
+    new = run_dir / f".{FILE}.new"
+    _atomic_write(new, lambda f: torch.save(tensors, f))  # whole on disk before anything moves
+    digest = _sha256(new).encode()
+    if not problem(latest):  # keep the last good one (a corrupt one is overwritten below)
+        # without a sidecar a checkpoint is checked by reading it: a crash between the renames
+        # leaves the previous one readable, never a stale checksum beside it
+        _sidecar(previous).unlink(missing_ok=True)
         os.replace(latest, previous)
         if _sidecar(latest).is_file():
             os.replace(_sidecar(latest), _sidecar(previous))
-    _atomic_write(latest, lambda f: torch.save(tensors, f))
-    digest = _sha256(latest).encode()
+    _sidecar(latest).unlink(missing_ok=True)
+    os.replace(new, latest)
     _atomic_write(_sidecar(latest), lambda f: f.write(digest + b"  " + FILE.encode() + b"\n"))
 
 

@@ -112,6 +112,19 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
         raise ConfigError(override_error(err)) from err
     finally:
         GlobalHydra.instance().clear()
+    for item in overrides:  # `++key=value` sets a key that exists; it may not add one
+        name = item.partition("=")[0]
+        if name.startswith("++") and not (
+            name[2:] == "partition.partitioner" or name[2:].startswith(EXTENSIBLE[:2])
+        ):
+            base = compose([o for o in overrides if not o.startswith("++")])
+            try:
+                _lookup(base, name[2:])[0][_lookup(base, name[2:])[1]]
+            except (KeyError, TypeError):
+                raise ConfigError(
+                    f"override {item!r} adds `{name[2:]}`, a key the configuration does not "
+                    "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md"
+                ) from None
     validate(data)
     return data
 
@@ -171,7 +184,9 @@ def _check_group_choices(overrides: list[str]) -> None:
         key, sep, value = item.partition("=")
         if key.lstrip("+~") in REMOVED:
             raise ConfigError(f"{key.lstrip('+~')} is gone: {REMOVED[key.lstrip('+~')]}")
-        if key.startswith("+") and not key.lstrip("+").startswith(EXTENSIBLE):
+        name = key.lstrip("+")
+        extensible = name == "partition.partitioner" or name.startswith(EXTENSIBLE[:2])
+        if key.startswith("+") and not key.startswith("++") and not extensible:
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
                 "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md; new "

@@ -124,8 +124,9 @@ def rebind_joined_nodes(grid: Grid, strategy: WeightedAverage, num_clients: int)
     restarted after a crash, or one replacing it) are asked their partition, which then goes to
     them; the partitions that moved are returned. A node that does not answer within 30 s, or
     names no partition of this run, is left out until it does."""
+    connected = set(grid.get_node_ids())
     known = set(strategy.node_of.values())
-    joined = [n for n in sorted(grid.get_node_ids()) if n not in known]
+    joined = [n for n in sorted(connected) if n not in known]
     if not joined:
         return []
     try:
@@ -134,10 +135,18 @@ def rebind_joined_nodes(grid: Grid, strategy: WeightedAverage, num_clients: int)
         print(f"[feddb] a joining node was not bound: {err}", flush=True)
         return []
     node_of, moved = dict(strategy.node_of), []
+    claims: dict[int, list[int]] = {}
     for node, v in sorted(info.items()):
         if v["own-data"] and 0 <= v["pid"] < num_clients:
-            node_of[v["pid"]] = node
-            moved.append(v["pid"])
+            claims.setdefault(v["pid"], []).append(node)
+    for pid, nodes in sorted(claims.items()):
+        # a partition moves only from a node that has gone, and only to one claimant: a second
+        # node naming a live node's partition (a misconfigured or dishonest one) takes nothing
+        if node_of.get(pid) in connected or len(nodes) > 1:
+            print(f"[feddb] partition {pid} not rebound to nodes {nodes}", flush=True)
+            continue
+        node_of[pid] = nodes[0]
+        moved.append(pid)
     if moved:
         print(f"[feddb] partitions {moved} rejoined on new nodes", flush=True)
         strategy.bind_nodes(node_of)

@@ -93,6 +93,7 @@ CASES = [
     ("run-config", "an unknown key", "lrr=0.1", "lrr"),
     ("run-config", "an unquoted string", "dpl=maybe", "dpl"),
     ("run-config", "a bare word", "seed=1 dpl", "dpl"),
+    ("run-config", "an empty value", "seed=", "seed"),
     ("run-config", "an unbalanced quote", "overrides='train.lr=0.1", "overrides"),
     ("run-config", "negative rounds", "num-server-rounds=-3", "num-server-rounds"),
     ("run-config", "an unknown method", "method='fedbogus'", "method"),

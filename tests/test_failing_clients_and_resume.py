@@ -416,17 +416,20 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_previous_one(baseline, s
 def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
     """A SuperNode restarted under a new node id (or one replacing a dead machine) answers the
     partition query before the next round, and its partition's instructions go to it; a node that
-    names a partition outside the run, or holds no data file of its own, is left out."""
+    names a partition outside the run, holds no data file of its own, or names the partition of a
+    node still connected, is left out."""
     from flwr.app import ConfigRecord as Config
 
     from server_app.app import rebind_joined_nodes
     from strategy.base import WeightedAverage
 
-    answers = {21: (0, 1), 22: (7, 1), 23: (1, 0)}  # node -> (partition-id, own-data)
+    # node -> (partition-id, own-data): 21 takes partition 0, whose node 10 has gone; 24 names
+    # partition 2, whose node 12 is still connected, and takes nothing
+    answers = {21: (0, 1), 22: (7, 1), 23: (1, 0), 24: (2, 1)}
 
     class Grid:
         def get_node_ids(self):
-            return [11, 12, 21, 22, 23]
+            return [11, 12, 21, 22, 23, 24]
 
         def send_and_receive(self, msgs, timeout):
             out = []
