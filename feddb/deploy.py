@@ -224,8 +224,12 @@ class LocalDeployment:
         key: Path | None,
         extra_config: str = "",
         env_extra: dict | None = None,
+        patient: bool = False,
     ) -> subprocess.Popen:
-        """`extra_config`/`env_extra`: more node_config and environment (the attack test)."""
+        """`extra_config`/`env_extra`: more node_config and environment (the attack test).
+        `patient`: a node restarted during a run keeps trying to connect for up to 3 min (the
+        SuperLink refuses an authenticated node's key until it has expired the node's old
+        session, 2 x 30 s of missed heartbeats), where a first start gives up after 20 s."""
         node_config = f"partition-id={pid} num-partitions={num}" + (
             f" {extra_config}" if extra_config else ""
         )
@@ -239,10 +243,11 @@ class LocalDeployment:
             str(free_port()),
             "--node-config",
             node_config,
-            "--max-retries",
-            "3",
-            "--max-wait-time",
-            "20",
+            *(
+                ["--max-wait-time", "180"]
+                if patient
+                else ["--max-retries", "3", "--max-wait-time", "20"]
+            ),
         ]
         if self.insecure:
             cmd.append("--insecure")
@@ -469,6 +474,7 @@ class Churn:
         self.log, self.done = log, threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.kills, self.restarts, self.peak, self.first = 0, 0, {}, {}
+        self.restarted: set[int] = set()
         self.max_kills = max_kills
 
     def start(self) -> None:
@@ -497,13 +503,30 @@ class Churn:
             self.peak[name] = max(self.peak.get(name, 0.0), mb)
 
     def wait(self, seconds: float) -> bool:
-        """Sample memory while waiting; True when the run ended meanwhile."""
+        """Sample memory, and start again a restarted node the SuperLink turned away, while
+        waiting; True when the run ended meanwhile."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.sample()
+            self.readmit()
             if self.done.wait(min(2.0, max(0.0, deadline - time.monotonic()))):
                 return True
         return False
+
+    def readmit(self) -> None:
+        """A restarted authenticated node is refused ("Failed to activate SuperNode", exit 305)
+        until the SuperLink has expired its old session (2 x 30 s of missed heartbeats): start
+        it again, as a machine that keeps rebooting would, until it is let in."""
+        for i in sorted(self.restarted):
+            proc = self.dep.procs.get(f"supernode_{i}")
+            if proc is not None and proc.poll() is not None:
+                self.start_node(i)
+                self.note(event="restart", node=i, after_exit=proc.returncode)
+
+    def start_node(self, i: int) -> None:
+        key = self.keys[i] if self.keys else None
+        self.dep.start_supernode(i, self.nodes, self.data_files[i], key, patient=True)
+        self.restarted.add(i)
 
     def loop(self) -> None:
         while not self.wait(self.rng.uniform(*self.every)):
@@ -516,9 +539,7 @@ class Churn:
             self.note(event="kill", node=i)
             if self.wait(self.rng.uniform(*self.down)):
                 break
-            self.dep.start_supernode(
-                i, self.nodes, self.data_files[i], self.keys[i] if self.keys else None
-            )
+            self.start_node(i)
             self.restarts += 1
             self.note(event="restart", node=i)
 

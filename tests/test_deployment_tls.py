@@ -190,42 +190,24 @@ def test_supernode_with_unregistered_key_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_supernodes_that_leave_and_come_back_do_not_end_the_run(tmp_path):
-    """Churn (the short form of `feddb deploy local --churn`): a SuperNode killed during the
-    run and started again with its key and data file. The rounds it missed record its failure or
-    leave it out, the run completes every round, and once back it trains again (an
-    authenticated SuperNode keeps its node id; another is bound anew at the next round's start);
-    nothing is left running. (The soak, 6 nodes and 20 rounds, is the command.)"""
+def test_killed_supernode_does_not_end_the_run(tmp_path):
     out = tmp_path / "run"
-    # round 1 includes each SuperNode's cold start; 30 s per round at most once a node is gone.
-    # Six rounds: a restarted authenticated node is let back only once Flower has expired its
-    # old session (2 x 30 s of missed heartbeats, a constant); with five it had not come back
-    # by the last round (measured)
+    # killed once round 1 is recorded (a fixed delay raced the run: on a fast machine both rounds
+    # had ended first); round 2's instructions may already be out, so it may still answer those;
+    # 30 s: round 1 includes each SuperNode's cold start (20 s timed out under load once)
     res = deploy(
         tmp_path,
-        f"num-server-rounds=6 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=30'",
-        "--churn",
-        "3",
-        "--churn-every",
-        "25,25",
-        "--churn-down",
-        "2,2",
-        "--churn-kills",
+        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=30'",
+        "--kill-node-after-round",
         "1",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "finished:completed" in res.stdout and "churn: " in res.stdout
-    events = [json.loads(x) for x in (tmp_path / "w" / "churn.jsonl").open()]
-    kills = [e for e in events if e["event"] == "kill"]
-    assert kills and any(e["event"] == "restart" for e in events)
-    assert events[-1]["event"] == "end" and events[-1]["peak_rss_mb"]["superlink"] > 0
+    assert "killed SuperNode 0" in res.stdout and "finished:completed" in res.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in recs] == [1, 2, 3, 4, 5, 6]
-    node = kills[0]["node"]
-    missed = [r["round"] for r in recs if node not in [c["partition_id"] for c in r["clients"]]]
-    assert missed, "the killed node's partition never missed a round"
-    back = [r["round"] for r in recs if r["round"] > max(missed)]
-    assert back, f"partition {node} did not train again after it came back: {missed}"
+    assert len(recs) == 3 and not recs[0]["failures"]
+    lost = [f for r in recs for f in r["failures"] if f["partition_id"] == 0]
+    assert lost, recs
+    assert [c["partition_id"] for c in recs[-1]["clients"]] == [1, 2]
     assert not flower_pids(tmp_path / "w")
 
 
