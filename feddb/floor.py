@@ -231,10 +231,18 @@ def paper_round_floor(args: argparse.Namespace) -> int:
 
     try:
         cfg = compose([f"experiment={args.experiment}"])
-        n_l, n_u = (int(x) for x in args.clients_images.split(","))
-        batches = [int(b) for b in args.batches.split(",")]
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        n_l, n_u = (int(x) for x in args.clients_images.split(","))
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        print(
+            "error: --clients-images takes two integers (labeled,pool) and --batches "
+            f"integers, comma-separated (got {args.clients_images!r}, {args.batches!r})",
+            file=sys.stderr,
+        )
         return 2
     test_images = {"cifar10": 10000, "cifar100": 10000, "svhn": 26032}.get(
         cfg["dataset"]["name"], 10000

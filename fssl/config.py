@@ -119,7 +119,8 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
         ):
             base = compose([o for o in overrides if not o.startswith("++")])
             try:
-                _lookup(base, name[2:])[0][_lookup(base, name[2:])[1]]
+                parent, key = _lookup(base, name[2:])
+                parent[key]
             except (KeyError, TypeError):
                 raise ConfigError(
                     f"override {item!r} adds `{name[2:]}`, a key the configuration does not "
