@@ -67,30 +67,25 @@ def train(msg: Message, context: Context) -> Message:
     conf = msg.content["config"]
     server_round = int(conf[contract.ROUND])
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
-    helpers = [
-        msg.content.array_records[k].to_torch_state_dict()  # FedMatch: helpers' psi
-        for k in sorted(msg.content.array_records)
-        if k.startswith(contract.HELPER_PREFIX)
-    ]
-    keep = cfg["train"]["optimizer_state"] == "client"  # momentum kept per client, as the
-    slot = f"optimizer-{pid}"  # a node may train several partitions
-    momentum = (
-        context.state[slot].to_torch_state_dict()  # authors' code does
-        if keep and slot in context.state.array_records
-        else None
-    )
+    received = {  # what the method's server side sent besides the global model
+        name: arrays_to_torch(record)
+        for name, record in msg.content.array_records.items()
+        if name != "arrays"
+    }
+    prior = conf.get(contract.GLOBAL_PRIOR)  # dpl_prior=global
     metrics = trainer.fit(
         model,
         data,
         float(conf[contract.LR]),
         client_seed(cfg["seed"], server_round, pid),
-        helpers,
-        momentum,
+        received,
+        kept_state(context, pid),
         float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
-        float(conf.get(contract.PROXIMAL_MU, 0.0)),
-    )  # FedProx (strategy=fedprox)
-    if keep:
-        context.state[slot] = ArrayRecord(trainer.momentum_out)
+        float(conf.get(contract.PROXIMAL_MU, 0.0)),  # FedProx (strategy=fedprox)
+        list(prior) if prior is not None else None,
+    )
+    for name, tensors in trainer.client_state().items():  # a node may train several
+        context.state[f"{name}-{pid}"] = ArrayRecord(tensors)  # partitions: one slot each
     metrics["partition_id"] = pid
     metrics["setup_seconds"] = setup_seconds
     t0 = time.perf_counter()
@@ -103,6 +98,17 @@ def train(msg: Message, context: Context) -> Message:
     arrays = ArrayRecord(state)
     metrics["reply_seconds"] = time.perf_counter() - t0  # the state into the reply
     return contract.train_reply(msg, arrays, metrics)
+
+
+def kept_state(context: Context, pid: int) -> dict:
+    """What the method kept for partition `pid` after its last round on this node, by name (the
+    slots `<name>-<pid>` of Flower's context.state, which lives as long as the node)."""
+    suffix = f"-{pid}"
+    return {
+        key[: -len(suffix)]: record.to_torch_state_dict()
+        for key, record in context.state.array_records.items()
+        if key.endswith(suffix)
+    }
 
 
 @app.evaluate()

@@ -85,6 +85,10 @@ def absolute_paths(values: dict) -> dict:
     for key in PATH_KEYS:
         if isinstance(out.get(key), str) and out[key]:
             out[key] = str(Path(out[key]).expanduser().resolve())
+    method = out.get("method")
+    if isinstance(method, str) and ".py:" in method:  # a user's method by file
+        where, _, cls = method.rpartition(":")
+        out["method"] = f"{Path(where).expanduser().resolve()}:{cls}"
     return out
 
 

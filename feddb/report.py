@@ -42,6 +42,7 @@ from fssl.partition import label_figure_title, plot_label_distribution, scenario
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
 
+# the display names of runs saved before each method's YAML carried its `display`
 NAMES = {
     "fedavg": "FedAvg",
     "fixmatch": "FixMatch",
@@ -91,10 +92,12 @@ def variant(cfg: dict[str, Any]) -> str:
 def local_variant(cfg: dict[str, Any]) -> str:
     """The row name without the server strategy: the clients' method and switches."""
     m = cfg["method"]
-    name = NAMES.get(m["name"], m["name"])
+    name = m.get("display") or NAMES.get(m["name"], m["name"])
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
     if dpl != bool(m["dpl"]):
         name += "-FedDPL" if dpl and m["name"] != "feddb" else (" w/o DPL" if not dpl else "")
+    if dpl and cfg.get("dpl_prior", "local") == "global":
+        name += " (global prior)"
     if dma != bool(m["dma"]):
         name += "+DMA" if dma else " w/o DMA"
     if m.get("static_bn") and cfg["model"]["norm"] == "bn":  # SemiFL as published: its own row
@@ -284,6 +287,13 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
         by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
     names = {v for _, v in by}
     pairs = PAIRS + [(f"{x}-FedDPL", x) for x in ("FixMatch", "FedMatch", "FedRGD", "SemiFL")]
+    known = {v for pair in pairs for v in pair}
+    for v in sorted(names - known):  # other methods, and DPL with the global prior
+        base = v.removesuffix(" (global prior)")
+        refs = [base, base.removesuffix("-FedDPL")] if base != v else ["FedAvg", "FixMatch"]
+        if base == v and v.endswith("-FedDPL"):
+            refs = [v.removesuffix("-FedDPL")]
+        pairs += [(v, ref) for ref in refs if ref != v]
     out = []
     for sett in setting_order(s for s, _ in by):
         for a, b in pairs:

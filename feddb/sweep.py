@@ -44,9 +44,12 @@ STATUS = "sweep_status.jsonl"
 
 
 def rows() -> dict[str, str]:
-    """Row name -> run-config, from every section of conf/comparison/*.yaml (the paper's methods
-    and ablation, the strategy comparison)."""
-    out: dict[str, str] = {}
+    """Row name -> run-config: every method of conf/method/ by its name with its defaults, then
+    every section of conf/comparison/*.yaml (the paper's methods and ablation, the strategy
+    comparison), so that a new method is a row without an entry there."""
+    out = {
+        p.stem: f"method='{p.stem}'" for p in sorted((PROJECT / "conf" / "method").glob("*.yaml"))
+    }
     for path in sorted((PROJECT / "conf" / "comparison").glob("*.yaml")):
         for section in yaml.safe_load(path.read_text()).values():
             out.update(section)

@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 
 def group_options(group: str) -> list[str]:
-    """Names selectable in a config group, e.g. ['fedavg', 'feddb', 'fixmatch'] for 'method'."""
+    """Names selectable in a config group, e.g. ['cnn', 'wrn28_2'] for 'model'."""
     root = CONF_DIR / group
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
@@ -76,11 +76,25 @@ def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
     for key, target in RUN_CONFIG_TARGETS.items():
         if key in rc:
             value = rc[key]
+            if key == "method" and isinstance(value, str) and ":" in value:
+                out.extend(user_method(value))
+                continue
             out.append(f"{target}={value if key in GROUPS else _hydra_value(value)}")
     extra = rc.get("overrides", "")
     if extra:
         out.extend(shlex.split(str(extra)))
     return out
+
+
+def user_method(spec: str) -> list[str]:
+    """`method='pkg.module:Class'` (or '/path/file.py:Class'): the defaults of
+    conf/method/custom.yaml with the class as the trainer, named after it."""
+    name = spec.rpartition(":")[2]
+    return [
+        "method=custom",
+        f"method.trainer={_hydra_value(spec)}",
+        f"method.name={_hydra_value(name)}",
+    ]
 
 
 def _hydra_value(value: Any) -> str:
@@ -115,7 +129,7 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
     for item in overrides:  # `++key=value` sets a key that exists; it may not add one
         name = item.partition("=")[0]
         if name.startswith("++") and not (
-            name[2:] == "partition.partitioner" or name[2:].startswith(EXTENSIBLE[:2])
+            name[2:] == "partition.partitioner" or name[2:].startswith(PREFIXES)
         ):
             base = compose([o for o in overrides if not o.startswith("++")])
             try:
@@ -176,8 +190,10 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
 
 
 # Where a `+key=value` override may add a key: the keyword arguments of a strategy and of a Flower
-# Datasets partitioner (and the partitioner's name, absent from the Dirichlet presets).
-EXTENSIBLE = ("strategy.params.", "partition.params.", "partition.partitioner")
+# Datasets partitioner (and the partitioner's name, absent from the Dirichlet presets), and a
+# user's method's own parameters.
+EXTENSIBLE = ("strategy.params.", "partition.params.", "partition.partitioner", "method.params.")
+PREFIXES = tuple(e for e in EXTENSIBLE if e.endswith("."))
 
 
 def _check_group_choices(overrides: list[str]) -> None:
@@ -186,7 +202,7 @@ def _check_group_choices(overrides: list[str]) -> None:
         if key.lstrip("+~") in REMOVED:
             raise ConfigError(f"{key.lstrip('+~')} is gone: {REMOVED[key.lstrip('+~')]}")
         name = key.lstrip("+")
-        extensible = name == "partition.partitioner" or name.startswith(EXTENSIBLE[:2])
+        extensible = name == "partition.partitioner" or name.startswith(PREFIXES)
         if key.startswith("+") and not key.startswith("++") and not extensible:
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
@@ -401,6 +417,7 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "seed")
     integer(cfg, "num_rounds", low=1)
     boolean(cfg, "dpl", "dma.enabled")  # the method's two switches
+    choice(cfg, "dpl_prior", ("local", "global"), default="local")
     choice(cfg, "device", ("auto", "cpu", "cuda"))
     path_string(cfg, "output_dir")
 
@@ -518,7 +535,7 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "dataset.num_labeled", low=1)
     integer(cfg, "dataset.val_size", "dataset.val_seed", low=0, default=0)
 
-    from .methods import check_method  # the registry imports this module's checks
+    from .methods import check_method  # the methods import this module's checks
 
     check_method(cfg["method"])
 
@@ -602,7 +619,10 @@ def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
             "method.static_bn=false (running statistics), or scenario=labels_at_server"
         )
     rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
-    if name == "labels_at_server" and cfg["method"]["trainer"] != "supervised" and warmup >= rounds:
+    from .methods import method_class
+
+    semi = method_class(cfg["method"]["trainer"]).uses_unlabeled
+    if name == "labels_at_server" and semi and warmup >= rounds:
         raise ConfigError(
             f"method {method} in scenario labels_at_server: train.warmup_rounds={warmup} >= "
             f"num_rounds={rounds}, and a labels-only round is the server's alone, so no client "

@@ -25,7 +25,7 @@ from torch import nn
 
 from . import augment
 from .data import Dataset
-from .methods import make_model, trainer_class
+from .methods import make_model, method_class
 from .partition import Partition
 from .train import ClientData, cosine_lr, to_nchw
 
@@ -80,8 +80,8 @@ class ServerLabels:
         self.device = device
         self.mean, self.std = tuple(ds.mean), tuple(ds.std)
         self.model = make_model(cfg, ds.num_classes, ds.image_shape[0]).to(device)
-        trainer = "fedmatch" if cfg["method"]["trainer"] == "fedmatch" else "supervised"
-        self.trainer = trainer_class(trainer)(self.cfg, self.mean, self.std, device)
+        trainer = method_class(cfg["method"]["trainer"]).server_trainer()
+        self.trainer = trainer(self.cfg, self.mean, self.std, device)
         self.static_bn = bool(cfg["method"].get("static_bn")) and cfg["model"]["norm"] == "bn"
 
     @property

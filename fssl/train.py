@@ -20,7 +20,8 @@ from torch import nn
 
 from . import augment
 from .data import Dataset
-from .losses import app_u, masked_ce, momentum_update, pseudo_label
+from .losses import app_u, debias, momentum_update, pseudo_label
+from .methods import MethodServer
 from .models import batch_dependent
 from .partition import Partition
 from .sgd import SGD
@@ -75,16 +76,40 @@ def cosine_lr(base: float, server_round: int, num_rounds: int, schedule: str) ->
 
 
 class LocalTrainer:
-    """Base: supervised loss on labeled weak views; subclasses add the unlabeled part."""
+    """Base of every method (fssl/methods/): supervised loss on labeled weak views; a method
+    subclasses it, registers with `fssl.methods.register`, and adds the unlabeled part through
+    the hooks below. The class-level API (`check_params`, `wrap_model`, `server_trainer`,
+    `server`, `display`) is what the framework asks of a method instead of its name."""
 
     uses_unlabeled = False
+    display = "labels only"  # how reports name it (a method's YAML `display` wins)
+    server: type[MethodServer] = MethodServer  # the method's server side: plain averaging
     proximal_mu = 0.0  # FedProx's mu for the round (fit's `proximal_mu`)
+
+    # -- the class-level API ---------------------------------------------------------------
+    @classmethod
+    def check_params(cls, m: dict[str, Any]) -> None:
+        """Check the method's own parameters under `method` (conf/method/<name>.yaml) with
+        fssl.config's rules; none here."""
+
+    @classmethod
+    def wrap_model(cls, model: nn.Module, m: dict[str, Any]) -> nn.Module:
+        """The model as the method trains it (FedMatch: weights decomposed into sigma + psi)."""
+        return model
+
+    @classmethod
+    def server_trainer(cls) -> type[LocalTrainer]:
+        """The class that trains on the server's labels (labels_at_server): labels-only
+        training of the method's model."""
+        return LocalTrainer
 
     def __init__(self, cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device):
         self.cfg, self.tr = cfg, cfg["train"]
         self.mean, self.std, self.device = ds_mean, ds_std, device
         self.flip = bool(cfg["dataset"]["flip"])
         self.dpl = bool(cfg["dpl"])
+        self.dpl_prior_kind = cfg.get("dpl_prior", "local")  # runs saved before it: local
+        self.global_prior: torch.Tensor | None = None  # dpl_prior=global: sent with the model
         accel = device.type != "cpu"
         self.bf16 = self.tr["precision"] == "bf16" or (self.tr["precision"] == "auto" and accel)
         cl = self.tr["channels_last"]
@@ -140,6 +165,38 @@ class LocalTrainer:
             out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
         return out
 
+    def debias_prior(self, prior: torch.Tensor) -> torch.Tensor | None:
+        """DPL, the one place it is decided: the prior pseudo-labels are divided by, or None
+        (no DPL). `dpl_prior: local` (the paper) divides by the client's APP-U `prior`, which
+        removes the client's own class skew with the model's bias; `global` divides by the
+        server's aggregated APP-U sent with the model, which removes the model's bias and keeps
+        the client's skew (nothing before the server has aggregated one)."""
+        if not self.dpl:
+            return None
+        return self.global_prior if self.dpl_prior_kind == "global" else prior
+
+    def pseudo_labels(
+        self,
+        probs: torch.Tensor,
+        prior: torch.Tensor,
+        idx: torch.Tensor | None = None,
+        learn: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hard pseudo-labels and their mask for weak-view probabilities `probs` of the unlabeled
+        images `idx`: DPL first, then the method's `select`. `learn`: the labels train the model
+        (not the metrics-only pass of a round whose labels are made online), so a method may
+        update what it tracks."""
+        debias_by = self.debias_prior(prior)
+        if debias_by is not None:
+            probs = debias(probs, debias_by, self.cfg["app_u"]["eps"])
+        return self.select(probs, idx, learn)
+
+    def select(
+        self, probs: torch.Tensor, idx: torch.Tensor | None, learn: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pseudo-labelling rule (a hook): argmax labels, kept where max p >= tau."""
+        return pseudo_label(probs, self.tr["tau"])
+
     def labels_only(self, data: ClientData) -> bool:
         """A labeled client of labels_at_partial_clients trains on its labels alone (it holds no
         unlabeled image: its unlabeled set is its own labeled images)."""
@@ -162,6 +219,18 @@ class LocalTrainer:
         """Called once with the received model's weak-view probabilities and APP-U."""
         return {}
 
+    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """What this client kept from its last round (`client_state`), before the round; a
+        client's first round gets {}."""
+
+    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """What the client keeps for its next round, by name (tensors; the ClientApp stores
+        them in Flower's context.state, so simulation and deployment alike). The base keeps the
+        SGD momentum when `train.optimizer_state: client` (the authors' code)."""
+        if self.tr["optimizer_state"] != "client":
+            return {}
+        return {"optimizer": self.momentum_out}
+
     def unlabeled_count(self, data: ClientData) -> int:
         """Size of the unlabeled pool a mini-batch epoch iterates over."""
         return len(data.y_u)
@@ -172,15 +241,19 @@ class LocalTrainer:
         model: nn.Module,
         lr: float,
         seed: int,
-        helpers: list[dict[str, torch.Tensor]] | None = None,
-        momentum: dict[str, torch.Tensor] | None = None,
+        received: dict[str, dict[str, torch.Tensor]] | None = None,
+        client_state: dict[str, dict[str, torch.Tensor]] | None = None,
     ) -> SGD:
         """Seed the round's random streams, put the model on the device in its memory format
-        (compiled when asked) and return its optimiser, seeded with `momentum` buffers if given."""
+        (compiled when asked) and return its optimiser, its momentum buffers from the client's
+        state when it keeps them."""
         torch.manual_seed(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rng = np.random.default_rng(seed)  # host-side draws (e.g. mixup lambda)
-        self.helper_psi = helpers or []
+        self.received = received or {}
+        client_state = client_state or {}
+        self.load_client_state(client_state)
+        momentum = client_state.get("optimizer") if self.tr["optimizer_state"] == "client" else None
         model.to(self.device).train()
         if self.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -199,22 +272,28 @@ class LocalTrainer:
         data: ClientData,
         lr: float,
         seed: int,
-        helpers: list[dict[str, torch.Tensor]] | None = None,
-        momentum: dict[str, torch.Tensor] | None = None,
+        received: dict[str, dict[str, torch.Tensor]] | None = None,
+        client_state: dict[str, dict[str, torch.Tensor]] | None = None,
         lambda_u: float | None = None,
         proximal_mu: float = 0.0,
+        global_prior: list[float] | None = None,
     ) -> dict[str, Any]:
-        """One client round. `helpers`: psi arrays of FedMatch helpers (other methods get none);
-        `momentum`: the client's SGD momentum buffers from its last round (train.optimizer_state
-        `client`); the round's final buffers are left in `self.momentum_out`. `lambda_u`: the
-        round's unlabeled loss weight (0 during the server's warm-up: labeled loss only).
-        `proximal_mu`: FedProx's proximal term (mu/2) |w - w_received|^2 added to every step's
-        loss (the instruction's `proximal-mu`; 0: none)."""
+        """One client round. `received`: named arrays the method's server side sent besides the
+        global model (FedMatch: helpers); `client_state`: what this client kept from its last
+        round (`client_state()` gives the next). `lambda_u`: the round's unlabeled loss weight
+        (0 during the server's warm-up: labeled loss only). `proximal_mu`: FedProx's proximal
+        term (mu/2) |w - w_received|^2 added to every step's loss (the instruction's
+        `proximal-mu`; 0: none). `global_prior`: the server's aggregated APP-U (dpl_prior=global)."""
         t0 = time.perf_counter()
+        self.global_prior = (
+            torch.tensor(global_prior, dtype=torch.float32, device=self.device)
+            if global_prior is not None
+            else None
+        )
         self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
         if self.labels_only(data):
             self.lambda_u = 0.0
-        opt = self.prepare(model, lr, seed, helpers, momentum)
+        opt = self.prepare(model, lr, seed, received, client_state)
         self.proximal_mu = float(proximal_mu)
         self.anchor = (
             [p.detach().clone() for p in model.parameters()] if self.proximal_mu > 0 else []
@@ -332,67 +411,6 @@ class LocalTrainer:
     ):
         """Extra inputs for the shared forward pass and a function of their logits (the loss)."""
         return None, 0, None
-
-
-class Supervised(LocalTrainer):
-    """FedAvg's client: CE on the labeled data only."""
-
-
-class FixMatch(LocalTrainer):
-    """FixMatch: hard pseudo-labels from weak views (debiased by APP-U when `dpl`), kept when
-    max p >= tau, CE on strong views. With `method.pseudo_labels: round` they are formed once per
-    round from the received model's pass over weak views of all local unlabeled data (paper
-    Algorithm 2), in both modes; with `online` (FedRGD) from the current local model at each step.
-    Metrics describe the received model's labels."""
-
-    uses_unlabeled = True
-
-    def begin_round(self, model, data, probs_u, prior):
-        eps = self.cfg["app_u"]["eps"]
-        labels, mask = pseudo_label(probs_u, self.tr["tau"], prior if self.dpl else None, eps)
-        self.pl_labels, self.pl_mask = labels, mask
-        self.conf_idx = mask.nonzero(as_tuple=True)[0]
-        return self.label_stats(labels, mask, data)
-
-    def unlabeled_batch(self, model, data, unl_idx, prior):
-        norm_all = self.tr["unlabeled_loss_norm"] == "all"
-        if unl_idx is None and self.cfg["method"].get("pseudo_labels", "round") == "online":
-            unl_idx = torch.arange(len(data.y_u), device=self.device)
-        if unl_idx is None:  # full batch, offline pseudo-labels
-            idx = self.conf_idx
-            if len(idx) == 0:
-                return None, 0, None
-            x_s = self.norm(augment.strong(data.x_u[idx], self.flip, self.gen))
-            denom = len(self.pl_mask) if norm_all else len(idx)
-            target = self.pl_labels[idx]
-            return x_s, len(idx), lambda logits: masked_ce(logits, target, denom)
-        if self.cfg["method"].get("pseudo_labels", "round") == "round":  # mini-batch, per round
-            target, mask = self.pl_labels[unl_idx], self.pl_mask[unl_idx].float()
-            x_s = self.norm(augment.strong(data.x_u[unl_idx], self.flip, self.gen))
-            denom = len(unl_idx) if norm_all else mask.sum().clamp_min(1.0)
-            return (
-                x_s,
-                len(unl_idx),
-                lambda logits: (
-                    (F.cross_entropy(logits, target, reduction="none") * mask).sum() / denom
-                ),
-            )
-        # mini-batch, online: weak and strong views in one forward, labels from the weak half
-        u = data.x_u[unl_idx]
-        x_w = self.norm(augment.weak(u, self.flip, self.gen))
-        x_s = self.norm(augment.strong(u, self.flip, self.gen))
-        eps = self.cfg["app_u"]["eps"]
-
-        def loss_fn(logits: torch.Tensor) -> torch.Tensor:
-            lw, ls = logits[: len(u)], logits[len(u) :]
-            labels, mask = pseudo_label(
-                F.softmax(lw.detach(), 1), self.tr["tau"], prior if self.dpl else None, eps
-            )
-            mask = mask.float()  # weights, not indexing: no host sync
-            denom = len(u) if norm_all else mask.sum().clamp_min(1.0)
-            return (F.cross_entropy(ls, labels, reduction="none") * mask).sum() / denom
-
-        return torch.cat([x_w, x_s]), 2 * len(u), loss_fn
 
 
 @torch.no_grad()

@@ -23,6 +23,10 @@ from strategy.contract import arrays_to_torch
 
 from .tracking import Tracking
 
+# keys every round record carries for the method's server-side notes, null by default, so that
+# every run's metrics.jsonl has the same keys
+NOTE_KEYS = ("groups", "helpers")
+
 # a round whose global model is not evaluated (eval.every > 1): its record has these as null
 NOT_EVALUATED = dict.fromkeys(
     (
@@ -261,8 +265,10 @@ class RoundRecorder:
             "robust": info.robust,  # norm bound and rule (strategy/robust.py)
             "strategy": info.strategy,  # strategy=<name>: which one, weights used
             "gradient_diversity": deferred(info.gradient_diversity),
-            "groups": info.groups,  # FedRGD: partition ids per group
-            "helpers": info.helpers,  # FedMatch: helper partition ids per client
+            # what the method's server side did (fssl.methods.MethodServer.notes): the groups
+            # it averaged by, the helpers it sent each client, null where it did neither
+            **{key: None for key in NOTE_KEYS},
+            **info.method,
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,

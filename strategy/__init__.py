@@ -1,5 +1,5 @@
-"""Flower strategies (message API): averaging with server momentum (FedAvg, SemiFL, FixMatch,
-FedDB with DMA weights), FedRGD's grouped averaging, and FedMatch's helper selection."""
+"""Flower strategies (message API): weighted averaging with server momentum around the method's
+server side (DMA weights when `dma.enabled`), or Flower's / a user's strategy (`strategy=`)."""
 
 from typing import Any
 
@@ -7,31 +7,11 @@ from fssl.config import choice, clients_per_round
 
 from . import flower, robust
 from .base import RoundRecord, ServerSetup, WeightedAverage
-from .fedmatch import FedMatch
-from .fedrgd import FedRGD
-
-STRATEGIES: dict[str, type[WeightedAverage]] = {
-    "fedavg": WeightedAverage,
-    "fedrgd": FedRGD,
-    "fedmatch": FedMatch,
-}
 
 
 def validate(cfg: dict[str, Any]) -> None:
-    """The server's part of a configuration: the method's strategy and its parameters, the
-    robust rule, and `strategy` (Flower's or a user's). fssl.config checks the rest."""
-    m = cfg["method"]
-    name = choice(cfg, "method.strategy", STRATEGIES, default=None)
-    # A strategy made for one trainer takes that trainer only; the others take any but those.
-    made_for = {c.trainer for c in STRATEGIES.values()} - {None}
-    trainer = m["trainer"] if m["trainer"] in made_for else None
-    choice(
-        cfg,
-        "method.strategy",
-        [n for n, c in STRATEGIES.items() if c.trainer == trainer],
-        note=f"with method.trainer={m['trainer']} (its model and replies belong together)",
-    )
-    STRATEGIES[name].check_params(m)
+    """The server's part of a configuration: the robust rule and `strategy` (Flower's or a
+    user's). fssl.config checks the rest, the method's parameters included."""
     choice(cfg, "server.robust.rule", robust.RULES)
     flower.check_choice(cfg)
 
@@ -46,7 +26,7 @@ def make_strategy(
     if cfg.get("strategy", {}).get("name", "method") != "method":
         strategy: WeightedAverage = flower.FlowerStrategy(cfg, num_classes, setup)
     else:
-        strategy = STRATEGIES[cfg["method"]["strategy"]](cfg, num_classes, setup)
+        strategy = WeightedAverage(cfg, num_classes, setup)
     dp = cfg["dp"]
     if dp["mode"] != "off":
         from flwr.serverapp.strategy import (
@@ -71,10 +51,7 @@ def make_strategy(
 
 
 __all__ = [
-    "FedMatch",
-    "FedRGD",
     "RoundRecord",
-    "STRATEGIES",
     "ServerSetup",
     "WeightedAverage",
     "make_strategy",

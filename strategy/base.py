@@ -1,6 +1,7 @@
 """Weighted averaging with server momentum, reproducible sampling by partition id, and per-round
 client records. The weights beta are uniform, sample-sized, or chosen by DMA (`dma.enabled`, FedDB);
-subclasses change how they are applied (FedRGD: groups) or what clients receive (FedMatch: helpers).
+the method's server side (fssl.methods.MethodServer) changes how they are applied, what clients
+receive besides the global model, and what the server keeps between rounds.
 
 Server update (SPEC section 2): buf <- mu * buf + (w - sum_m beta_m w_m); w <- w - s * buf, where
 any weight the clients do not take (1 - sum beta) stays on the current global model w.
@@ -26,7 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fssl.config import clients_per_round
 from fssl.dma import dma_weights
-from fssl.methods import trainer_class
+from fssl.methods import method_class
 from fssl.train import cosine_lr
 
 from . import contract, robust
@@ -63,25 +64,15 @@ class RoundRecord:
     robust: dict[str, Any] | None = None
     strategy: dict[str, Any] | None = None  # strategy=<name>: which one, weights used
     gradient_diversity: Any = None  # a value, or a callable computed when recorded
-    groups: list[list[int]] | None = None  # FedRGD: partition ids per group
-    helpers: dict[str, list[int]] | None = None  # FedMatch: helper partition ids per client
+    method: dict[str, Any] = field(default_factory=dict)  # what the method's server side did
     federated_evaluation: dict[str, Any] | None = None
     timing: dict[str, float] = field(default_factory=dict)
     loss_check_seconds: float = 0.0  # part of the round's aggregation
 
 
 class WeightedAverage(FedAvg):
-    """Uniform (or sample-weighted) averaging plus server momentum."""
-
-    trainer: str | None = None  # the one trainer its clients must run; None: any but those
-    # labels_at_server: when the server trains on its labels. alternate: the aggregate, before
-    # it goes out (SemiFL's alternate training, FedMatch's sigma step); parallel: the round's global
-    # model while the clients train, then the strategy combines both (FedRGD's server model)
-    server_step = "alternate"
-
-    @staticmethod
-    def check_params(m: dict[str, Any]) -> None:
-        """The strategy's own parameters under `method` (conf/method/*.yaml); none here."""
+    """Uniform (or sample-weighted) averaging plus server momentum, around the method's server
+    side (`self.method`)."""
 
     def __init__(
         self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
@@ -96,6 +87,10 @@ class WeightedAverage(FedAvg):
         )
         setup = setup or ServerSetup()
         self.cfg, self.num_classes, self.setup = cfg, num_classes, setup
+        self.method_cls = method_class(cfg["method"]["trainer"])
+        self.method = self.method_cls.server(cfg, num_classes)
+        # dpl_prior=global: the last aggregate's APP-U, sent with the model
+        self.global_prior: np.ndarray | None = None
         self.cfg_json = json.dumps(cfg, sort_keys=True)
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.pids_on: dict[int, list[int]] = {}  # node id -> the partitions it may train
@@ -113,6 +108,11 @@ class WeightedAverage(FedAvg):
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.round_record = RoundRecord(round=0, sampled=[], lr=self.lr_for(0))
         self.driver: Any = self  # what the round loop calls: this, or a Flower wrapper (DP)
+
+    @property
+    def server_step(self) -> str:
+        """labels_at_server: when the server trains on its labels (fssl.methods.MethodServer)."""
+        return self.method.step
 
     def trusted_sizes(self, metrics: dict[str, Any]) -> tuple[int, int]:
         """(n_l, n_u) the aggregation may use for a reply: the partition's own counts, or the
@@ -147,7 +147,7 @@ class WeightedAverage(FedAvg):
     def labels_only_round(self, server_round: int) -> bool:
         """Whether this round's clients learn from labels alone: a labels-only method, or a
         warm-up round."""
-        unlabeled = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled
+        unlabeled = self.method_cls.uses_unlabeled
         return not unlabeled or server_round <= self.cfg["train"]["warmup_rounds"]
 
     def eligible(self, labels_needed: bool) -> list[int]:
@@ -203,8 +203,12 @@ class WeightedAverage(FedAvg):
         ]
 
     def extra_records(self, pid: int, server_round: int, message_type: str) -> dict[str, Any]:
-        """Records for one client besides the global arrays and the config (FedMatch: helpers)."""
-        return {}
+        """Records for one client besides the global arrays and the config: the arrays the
+        method's server side sends with a train instruction."""
+        if message_type != MessageType.TRAIN:
+            return {}
+        sent = self.method.records_for(pid, server_round)
+        return {name: numpy_to_arrays(arrays) for name, arrays in sent.items()}
 
     def lr_for(self, server_round: int) -> float:
         tr = self.cfg["train"]
@@ -231,6 +235,8 @@ class WeightedAverage(FedAvg):
         config[contract.LR] = self.lr_for(server_round)
         config[contract.LAMBDA_U] = self.lambda_u_for(server_round)
         config[contract.RUN_CONFIG] = self.cfg_json
+        if self.global_prior is not None and self.cfg.get("dpl_prior") == "global":
+            config[contract.GLOBAL_PRIOR] = [float(x) for x in self.global_prior]
         return config
 
     def configure_train(
@@ -248,6 +254,7 @@ class WeightedAverage(FedAvg):
         self.round_record = RoundRecord(
             round=server_round, sampled=sampled, lr=self.lr_for(server_round)
         )
+        self.method.notes = self.round_record.method
         return self.round_record
 
     def configure_evaluate(
@@ -262,11 +269,16 @@ class WeightedAverage(FedAvg):
         )
 
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
-        """Arrays and JSON state a checkpoint needs (subclasses add their caches)."""
-        return {"momentum": dict(self.momentum_buffer)}, {}
+        """Arrays and JSON state a checkpoint needs (the method's server side adds its caches)."""
+        arrays = {"momentum": dict(self.momentum_buffer), **self.method.state()}
+        if self.global_prior is not None:
+            arrays["global_prior"] = {"p": self.global_prior}
+        return arrays, {}
 
     def load_state(self, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
         self.momentum_buffer = dict(arrays.get("momentum", {}))
+        self.global_prior = arrays.get("global_prior", {}).get("p")
+        self.method.load_state(arrays)
 
     # -- replies ---------------------------------------------------------------------------
     def parse_reply(self, msg: Message) -> dict[str, Any]:
@@ -317,7 +329,7 @@ class WeightedAverage(FedAvg):
             # n_m: the examples client m trains on (its labels alone for labels-only training,
             # and for a labeled client of labels_at_partial_clients, whose unlabeled set is its
             # labeled images again, for APP-U)
-            unl = trainer_class(self.cfg["method"]["trainer"]).uses_unlabeled and not warmup
+            unl = self.method_cls.uses_unlabeled and not warmup
             partial = (self.cfg.get("scenario") or {}).get("name") == "labels_at_partial_clients"
             sizes = np.array(
                 [
@@ -414,6 +426,8 @@ class WeightedAverage(FedAvg):
             client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)
         ]
         record.dma = diagnostics or None
+        if self.cfg.get("dpl_prior") == "global":
+            self.global_prior = aggregated_app_u(parsed, coefficients)
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
 
@@ -427,21 +441,11 @@ class WeightedAverage(FedAvg):
     def without_idle_clients(
         self, parsed: list[dict[str, Any]], weights: np.ndarray, server_round: int
     ) -> np.ndarray:
-        """SemiFL as published: a client without labels whose pseudo-labels all fell below tau
-        trained on nothing and sits the round out (its official code leaves it out of the
-        update), so the others share its weight; with none left the global model stays."""
-        if (
-            self.cfg["method"]["trainer"] != "semifl"
-            or server_round <= self.cfg["train"]["warmup_rounds"]
-        ):
+        """Clients the method's server side sits out after the warm-up (`sits_out`) leave the
+        aggregate and the others share their weight; with none left the global model stays."""
+        if server_round <= self.cfg["train"]["warmup_rounds"]:
             return weights
-        idle = np.array(
-            [
-                p["metrics"]["num_labeled"] == 0
-                and not (p["metrics"].get("pseudo_label_count") or 0)
-                for p in parsed
-            ]
-        )
+        idle = np.array([self.method.sits_out(p["metrics"]) for p in parsed], dtype=bool)
         if not idle.any():
             return weights
         kept = np.where(idle, 0.0, weights)
@@ -450,11 +454,13 @@ class WeightedAverage(FedAvg):
     def coefficients(
         self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray
     ) -> np.ndarray:
-        """Each client's coefficient in the aggregate; what they leave stays on the global model."""
-        return weights
+        """Each client's coefficient in the aggregate (the method's server side decides); what
+        they leave stays on the global model."""
+        return self.method.coefficients(server_round, [p["metrics"] for p in parsed], weights)
 
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
-        """Hook for server-side caches built from this round's valid replies."""
+        """Server-side caches built from this round's valid replies (the method's)."""
+        self.method.after_aggregate(server_round, parsed)
 
     def residual_base(self, key: str) -> np.ndarray:
         """Where the weight the clients leave (1 - sum beta) goes: the global model, or the
@@ -517,6 +523,17 @@ class WeightedAverage(FedAvg):
             self.momentum_buffer[key] = buf
             new[key] = (old.astype(np.float64) - s * buf).astype(old.dtype)
         return new
+
+
+def aggregated_app_u(parsed: list[dict[str, Any]], coefficients: np.ndarray) -> np.ndarray | None:
+    """sum_m beta_m p_bar_m over the round's clients, beta their coefficients renormalised: the
+    federation's APP-U as the aggregate weighs it (what DMA brings closest to uniform), for
+    `dpl_prior: global`."""
+    total = float(np.sum(coefficients))
+    if not parsed or total <= 0:
+        return None
+    stacked = np.stack([p["app_u"] for p in parsed])
+    return (np.asarray(coefficients, dtype=np.float64) / total) @ stacked
 
 
 def gradient_diversity(

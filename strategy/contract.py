@@ -23,7 +23,7 @@ LAMBDA_U = "lambda-u"
 RUN_CONFIG = "run-config"  # the resolved configuration as JSON: clients need no Hydra
 PARTITION = "partition-id"  # which partition to train (a node may hold several)
 PROXIMAL_MU = "proximal-mu"  # FedProx (strategy=fedprox) puts it in the instruction
-HELPER_PREFIX = "helper_"  # FedMatch: the helpers' psi arrays, one ArrayRecord each
+GLOBAL_PRIOR = "global-app-u"  # dpl_prior=global: the server's aggregated APP-U, a K-list
 
 # Metrics every train reply must carry, as non-negative integers.
 REQUIRED_COUNTS = ("partition_id", "num_labeled", "num_unlabeled")

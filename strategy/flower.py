@@ -39,6 +39,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fssl.config import ConfigError, choice, mapping
+from fssl.methods import method_class
 
 from .base import ServerSetup, WeightedAverage
 from .contract import arrays_to_numpy
@@ -129,13 +130,12 @@ def check_choice(cfg: dict[str, Any]) -> None:
             "strategy=qfedavg weighs each client by its loss on its labels, and in scenario "
             f"{scenario} clients hold none: use another strategy, or labels_at_clients"
         )
-    own = cfg["method"]["strategy"]
-    if own != "fedavg":
+    own = method_class(cfg["method"]["trainer"]).server.own_aggregation
+    if own:
         raise ConfigError(
-            f"method '{cfg['method']['name']}' needs its own strategy ('{own}': "
-            f"{'helpers for its clients' if own == 'fedmatch' else 'grouped averaging'}"
-            f"); strategy={name} cannot replace it. Use strategy=method, or a "
-            "method that averages (fedavg, fixmatch, feddb, semifl)"
+            f"method '{cfg['method']['name']}' needs its own server side ({own}); "
+            f"strategy={name} cannot replace it. Use strategy=method, or a method whose server "
+            "side only averages"
         )
     choice(
         cfg,

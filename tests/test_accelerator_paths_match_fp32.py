@@ -39,8 +39,10 @@ def test_bf16_and_channels_last_train_like_fp32(method):
     assert got["loss_sup"] == pytest.approx(ref["loss_sup"], rel=0.02)
     assert got["app_u_global"] == pytest.approx(ref["app_u_global"], abs=0.01)
     # the shipped estimate includes the trained local models, where bf16's rounding has built up
-    # over the local steps (as in the weights, below)
-    assert got["app_u"] == pytest.approx(ref["app_u"], abs=0.04)
+    # over the local steps (as in the weights, below); FedMatch's sigma steps are lambda_s = 10
+    # times larger, and its estimate moved 0.106 on a 2-core AMD EPYC (2026-11-26), 0.04 elsewhere
+    tolerance = {"feddb": 0.04, "fedmatch": 0.15}[method]
+    assert got["app_u"] == pytest.approx(ref["app_u"], abs=tolerance)
     a, b = ref_model.state_dict(), model.state_dict()
     assert all(torch.allclose(a[k].float(), b[k].float(), atol=0.05) for k in a)
 

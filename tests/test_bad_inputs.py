@@ -87,6 +87,12 @@ def run_with(tmp: Path, name: str, steps: int = 0) -> Path:
     return run
 
 
+def plain_class(tmp: Path) -> Path:
+    """A user's file whose class is not a method (no hooks)."""
+    (tmp / "plain_method.py").write_text("class Plain:\n    pass\n")
+    return tmp / "plain_method.py"
+
+
 # (area, what is wrong, run-config or a function of the temporary directory giving one, the word
 # the message must name, the command: local (feddb local) or run (feddb run))
 CASES = [
@@ -114,6 +120,32 @@ CASES = [
     ("overrides", "an unknown DMA mode", "overrides='dma.mode=fast'", "dma.mode"),
     ("overrides", "a fraction above 1", "overrides='fl.fraction_train=1.5'", "fl.fraction_train"),
     ("overrides", "a custom strategy without a class", "strategy='custom'", "strategy.target"),
+    ("overrides", "an unknown DPL prior", "overrides='dpl_prior=server'", "dpl_prior"),
+    (
+        "methods",
+        "a user method that does not import",
+        "method='no_such_pkg.mod:Mine'",
+        "no_such_pkg",
+    ),
+    (
+        "methods",
+        "a user method file that is not there",
+        lambda t: f"method='{t}/mine.py:Mine'",
+        "mine.py",
+    ),
+    (
+        "methods",
+        "a user class without the method hooks",
+        lambda t: f"method='{plain_class(t)}:Plain'",
+        "Plain lacks",
+    ),
+    (
+        "methods",
+        "a user class that is not in its file",
+        lambda t: f"method='{plain_class(t)}:Missing'",
+        "Missing",
+    ),
+    ("methods", "a custom method without a class", "method='custom'", "method.trainer"),
     (
         "data files",
         "a missing file",

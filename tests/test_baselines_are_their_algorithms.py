@@ -6,14 +6,15 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, make_reply
 
-from fssl import fedmatch
 from fssl.losses import debias
-from fssl.methods import make_model, make_trainer
+from fssl.methods import fedmatch, make_model, make_trainer
+from fssl.methods.fedmatch import FedMatchServer
+from fssl.methods.fedrgd import FedRGDServer
 from fssl.models import build_model
 from fssl.runtime import data_meta, dataset_for
 from fssl.train import ClientData
 from server_app.config import compose
-from strategy import FedMatch, FedRGD, make_strategy
+from strategy import make_strategy
 from strategy.base import gradient_diversity
 
 
@@ -32,10 +33,10 @@ def toy_data(n_l=12, n_u=20, seed=0):
 def trainer_for(cfg, seed=0):
     meta = cfg["data_meta"]
     t = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
-    t.gen, t.rng, t.helper_psi, t.helpers = (
+    t.gen, t.rng, t.received, t.helpers = (
         torch.Generator().manual_seed(seed),
         np.random.default_rng(seed),
-        [],
+        {},
         [],
     )
     return t
@@ -178,7 +179,7 @@ def _perturbed(arrays, seed):
 def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_identity):
     cfg = cfg_for("fedmatch", "fl.num_clients=6", "fl.fraction_train=0.5")
     s = make_strategy(cfg, 10)
-    assert isinstance(s, FedMatch)
+    assert isinstance(s.method, FedMatchServer)
     s.bind_nodes({p: 100 + p for p in range(6)})
     torch.manual_seed(0)
     glob = {k: v.numpy() for k, v in make_model(cfg, 10, 1).state_dict().items()}
@@ -191,10 +192,10 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     for pid, arrays in uploads.items():
         model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
         assert np.allclose(
-            s.embeddings[pid],
-            fedmatch.embedding(model, s.probe, tuple(meta["mean"]), tuple(meta["std"])),
+            s.method.embeddings[pid],
+            fedmatch.embedding(model, s.method.probe, tuple(meta["mean"]), tuple(meta["std"])),
         )
-        assert set(s.psi[pid]) == {k for k in glob if fedmatch.is_psi(k)}
+        assert set(s.method.psi[pid]) == {k for k in glob if fedmatch.is_psi(k)}
 
     from flwr.app import ArrayRecord, ConfigRecord
 
@@ -203,21 +204,25 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     assert msgs
     for m in msgs:
         pid = m.metadata.dst_node_id - 100
-        expected = fedmatch.nearest_helpers(s.embeddings, pid, 2)
-        assert len(expected) == 2 and s.round_record.helpers[str(pid)] == expected
+        expected = fedmatch.nearest_helpers(s.method.embeddings, pid, 2)
+        assert len(expected) == 2 and s.round_record.method["helpers"][str(pid)] == expected
         for i, h in enumerate(expected):
             got = {k: v.numpy() for k, v in m.content[f"helper_{i}"].items()}
-            assert set(got) == set(s.psi[h]) and all(
-                np.array_equal(got[k], s.psi[h][k]) for k in got
+            assert set(got) == set(s.method.psi[h]) and all(
+                np.array_equal(got[k], s.method.psi[h][k]) for k in got
             )
     later = list(s.configure_train(11, arrays, ConfigRecord(), grid=None))
     assert all(not any(k.startswith("helper_") for k in m.content.array_records) for m in later)
     # the caches are part of the checkpointed state
     t = make_strategy(cfg, 10)
     t.load_state(*s.state())
-    assert set(t.embeddings) == set(s.embeddings) and set(t.psi) == set(s.psi)
-    assert all(np.array_equal(t.embeddings[p], s.embeddings[p]) for p in s.embeddings)
-    assert all(np.array_equal(t.psi[3][k], s.psi[3][k]) for k in s.psi[3])
+    assert set(t.method.embeddings) == set(s.method.embeddings) and set(t.method.psi) == set(
+        s.method.psi
+    )
+    assert all(
+        np.array_equal(t.method.embeddings[p], s.method.embeddings[p]) for p in s.method.embeddings
+    )
+    assert all(np.array_equal(t.method.psi[3][k], s.method.psi[3][k]) for k in s.method.psi[3])
 
 
 # -- FedRGD ----------------------------------------------------------------------------------
@@ -230,13 +235,13 @@ def _arrays(w):
 def test_fedrgd_aggregate_is_the_grouped_average_with_the_global_model_in_every_group():
     cfg = cfg_for("fedrgd", "server.momentum=0", "fl.num_clients=10")
     s = make_strategy(cfg, 10)
-    assert isinstance(s, FedRGD) and cfg["model"]["norm"] == "gn"
+    assert isinstance(s.method, FedRGDServer) and cfg["model"]["norm"] == "gn"
     glob = _arrays([1.0, -2.0])
     clients = {p: _arrays([float(p), float(p * p)]) for p in (1, 3, 4, 6, 8)}
     s.global_arrays = glob
     s.begin_round(7, [])
     new, _ = s.aggregate_train(7, [make_reply(a, _metrics(p), node=p) for p, a in clients.items()])
-    groups = s.round_record.groups
+    groups = s.round_record.method["groups"]
     assert sorted(len(g) for g in groups) == [2, 3] and sorted(sum(groups, [])) == list(clients)
     expected = np.mean(
         [(glob["w"] + sum(clients[p]["w"] for p in g)) / (len(g) + 1) for g in groups], axis=0
@@ -244,8 +249,10 @@ def test_fedrgd_aggregate_is_the_grouped_average_with_the_global_model_in_every_
     assert np.allclose(new["w"].numpy(), expected, atol=1e-6)
     global_weight = 0.5 * (1 / 3 + 1 / 4)  # (1/S) sum_i 1 / (|G_i| + 1)
     assert sum(c["weight"] for c in s.round_record.clients) == pytest.approx(1 - global_weight)
-    assert s.groups(7, 5)[0].tolist() == s.groups(7, 5)[0].tolist()  # seeded
-    assert any(s.groups(r, 5)[0].tolist() != s.groups(7, 5)[0].tolist() for r in range(8, 20))
+    assert s.method.groups(7, 5)[0].tolist() == s.method.groups(7, 5)[0].tolist()  # seeded
+    assert any(
+        s.method.groups(r, 5)[0].tolist() != s.method.groups(7, 5)[0].tolist() for r in range(8, 20)
+    )
 
 
 def test_gradient_diversity_on_hand_built_updates():
@@ -259,10 +266,10 @@ def test_gradient_diversity_on_hand_built_updates():
 
 
 def test_semifl_mixup_targets_mix_the_two_labels_with_the_sampled_lambda(monkeypatch):
-    import fssl.semifl
+    import fssl.methods.semifl
 
-    monkeypatch.setattr(fssl.semifl.augment, "weak", lambda x, flip, gen: x)
-    monkeypatch.setattr(fssl.semifl.augment, "strong", lambda x, flip, gen: x)
+    monkeypatch.setattr(fssl.methods.semifl.augment, "weak", lambda x, flip, gen: x)
+    monkeypatch.setattr(fssl.methods.semifl.augment, "strong", lambda x, flip, gen: x)
     cfg = cfg_for("semifl")
     t = trainer_for(cfg, seed=3)
     n_u = 20

@@ -56,7 +56,7 @@ def test_train_reply_carries_model_app_u_and_metrics(method):
 
 
 def test_fedmatch_client_uses_the_helpers_it_receives():
-    from fssl.fedmatch import psi_state
+    from fssl.methods.fedmatch import psi_state
 
     cfg = compose(TINY + ["method=fedmatch", "train.tau=0.05"])  # every sample confident
     torch.manual_seed(5)

@@ -2,6 +2,7 @@ import pytest
 
 import fssl.config as rules
 from fssl.config import ConfigError, compose_from_run_config, group_options, run_config_to_overrides
+from fssl.methods import discover
 from server_app.config import compose, resolve
 
 
@@ -108,7 +109,7 @@ def test_paper_presets(name):
     [
         (
             {"method": "fedbogus"},
-            "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl",
+            "unknown method 'fedbogus': choose one of " + ", ".join(group_options("method")),
         ),
         (
             {"dataset": "imagenet"},
@@ -167,8 +168,8 @@ def test_paper_presets(name):
             "`method.view`: 'strong'; allowed: raw, weak",
         ),
         (
-            {"method": "fedmatch", "overrides": "method.strategy=fedavg"},
-            "`method.strategy`: 'fedavg'; allowed: fedmatch with method.trainer=fedmatch",
+            {"overrides": "method.trainer=nosuch"},
+            "`method.trainer`: 'nosuch'; allowed: " + ", ".join(sorted(discover())),
         ),
         ({"overrides": "method.pseudo_labels=sometimes"}, "`method.pseudo_labels`: 'sometimes'"),
         (

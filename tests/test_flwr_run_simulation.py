@@ -11,6 +11,8 @@ import pytest
 from conftest import flower_pids
 from localgrid import metrics_without_timing
 
+from fssl.config import group_options
+
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
@@ -236,7 +238,7 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
     [
         (
             "method='fedbogus'",
-            "unknown method 'fedbogus': choose one of fedavg, feddb, fedmatch, fedrgd, fixmatch, semifl",
+            "unknown method 'fedbogus': choose one of " + ", ".join(group_options("method")),
         ),
         ("dataset='imagenet'", "unknown dataset 'imagenet'"),
         (

@@ -261,7 +261,7 @@ def test_fedmatchs_server_trains_sigma_on_its_labels_and_leaves_psi():
     """FedMatch's labels-at-server variant: the server's step (after aggregation, before the
     model goes out, as the official code's train_global_model() opens each round) moves the
     sigma side on its labels and holds every psi."""
-    from fssl import fedmatch
+    from fssl.methods import fedmatch
     from fssl.runtime import dataset_for, partition_for
     from fssl.server_train import ServerLabels
 

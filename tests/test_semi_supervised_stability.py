@@ -244,7 +244,7 @@ def test_fedmatch_psi_step_is_not_swamped_by_its_l2_pull():
     """FedMatch's official lambda_l2 * sum (sigma - psi)^2 has a gradient ~1000x the unlabeled
     terms' at this project's lr and clip (every psi step became a pull of psi to sigma, and
     FedMatch ended below labels-only FedAvg). The default averages it over the psi values."""
-    from fssl.fedmatch import regularisers, split_parameters
+    from fssl.methods.fedmatch import regularisers, split_parameters
 
     def l2_grad_norm(reduction):
         cfg = cfg_with_meta(

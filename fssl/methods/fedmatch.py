@@ -10,7 +10,7 @@ Pieces:
   local model is confident. The L1/L2 terms apply even when no sample is confident (as the official code).
 - Agreement pseudo-labels: one-hot votes of the local model and of each helper; ties go to the lowest
   class. Only the local model gates (max p_l >= tau).
-- Helpers (server, `strategy.fedmatch`): each client's embedding is its model's softmax outputs on a
+- Helpers (server, `FedMatchServer`): each client's embedding is its model's softmax outputs on a
   fixed probe; every `helper_interval` rounds a returning client gets the psi of its H nearest
   neighbours (KD-tree over the latest embedding of every client seen) and rebuilds each helper as the
   received global model with that psi.
@@ -52,10 +52,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
-from . import augment
-from .losses import debias
-from .sgd import SGD
-from .train import LocalTrainer
+from .. import augment
+from ..config import choice, integer, number
+from ..losses import debias
+from ..sgd import SGD
+from ..train import LocalTrainer
+from . import MethodServer, make_model, register
+
+HELPER_PREFIX = "helper_"  # the helpers' psi arrays go out as helper_0, helper_1, ...
 
 SIGMA_SUFFIX = ".parametrizations.weight.original"
 PSI_SUFFIX = ".parametrizations.weight.0.psi"
@@ -196,10 +200,102 @@ def psi_state(arrays: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arrays.items() if is_psi(k)}
 
 
+class FedMatchServer(MethodServer):
+    """FedMatch's server: averaging of sigma and psi (with server momentum, or DMA weights when
+    `dma.enabled`), and helper selection. After each round it rebuilds every valid upload
+    theta_k = sigma_k + psi_k, embeds it (softmax outputs on a fixed probe) and caches the
+    embedding and psi_k, the latest per client. In rounds t with t % helper_interval == 0, a
+    sampled client that has an embedding gets the psi of its H nearest clients, next to the
+    global model. The caches are part of the strategy state, so checkpoints carry them.
+
+    labels_at_server (FedMatch's own variant): the clients hold no labels, so they train psi
+    only; the server trains sigma (psi held fixed) on its labels before the model goes out, as the
+    official code's `train_global_model()` opens each round (`step = "alternate"`)."""
+
+    own_aggregation = "helpers for its clients"
+
+    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
+        super().__init__(cfg, num_classes)
+        meta = cfg["data_meta"]
+        with torch.random.fork_rng(devices=[]):  # its weights are always loaded: leave the
+            self.model = make_model(cfg, num_classes, meta["channels"])  # run's RNG alone
+        self.probe = probe_images(
+            cfg["seed"], cfg["method"]["probe_size"], tuple(meta["image_shape"])
+        )
+        self.embeddings: dict[int, np.ndarray] = {}
+        self.psi: dict[int, dict[str, np.ndarray]] = {}
+
+    def helpers_for(self, pid: int, server_round: int) -> list[int]:
+        m = self.cfg["method"]
+        if server_round % m["helper_interval"] != 0:
+            return []
+        return nearest_helpers(self.embeddings, pid, m["num_helpers"])
+
+    def records_for(self, pid: int, server_round: int) -> dict[str, dict[str, np.ndarray]]:
+        helpers = self.helpers_for(pid, server_round)
+        if helpers:
+            self.notes["helpers"] = {**(self.notes.get("helpers") or {}), str(pid): helpers}
+        return {f"{HELPER_PREFIX}{i}": self.psi[h] for i, h in enumerate(helpers)}
+
+    def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
+        meta = self.cfg["data_meta"]
+        for p in parsed:
+            pid = p["metrics"]["partition_id"]
+            self.model.load_state_dict({k: torch.from_numpy(v) for k, v in p["arrays"].items()})
+            self.embeddings[pid] = embedding(
+                self.model, self.probe, tuple(meta["mean"]), tuple(meta["std"])
+            )
+            self.psi[pid] = {k: v.copy() for k, v in psi_state(p["arrays"]).items()}
+
+    def state(self) -> dict[str, dict[str, np.ndarray]]:
+        arrays: dict[str, dict[str, np.ndarray]] = {
+            "embeddings": {str(pid): v for pid, v in self.embeddings.items()}
+        }
+        arrays.update({f"psi.{pid}": dict(v) for pid, v in self.psi.items()})
+        return arrays
+
+    def load_state(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        self.embeddings = {int(pid): v for pid, v in arrays.get("embeddings", {}).items()}
+        self.psi = {
+            int(k.split(".", 1)[1]): dict(v) for k, v in arrays.items() if k.startswith("psi.")
+        }
+
+
+@register("fedmatch")
 class FedMatchTrainer(LocalTrainer):
     """Disjoint learning: a sigma step on labeled data, then a psi step on unlabeled data."""
 
     uses_unlabeled = True
+    display = "FedMatch"
+    server = FedMatchServer
+
+    @classmethod
+    def check_params(cls, m: dict[str, Any]) -> None:
+        cfg = {"method": m}
+        number(
+            cfg,
+            "method.lambda_s",
+            "method.lambda_a",
+            "method.lambda_i",
+            "method.lambda_l1",
+            "method.lambda_l2",
+            "method.l1_thres",
+            "method.psi_factor",
+            low=0,
+            default=None,
+        )
+        choice(cfg, "method.l2_reduction", ("mean", "sum"), default=None)
+        integer(cfg, "method.num_helpers", low=0, default=None)
+        integer(cfg, "method.helper_interval", "method.probe_size", low=1, default=None)
+        choice(cfg, "method.view", ("raw", "weak"), default=None)
+
+    @classmethod
+    def wrap_model(cls, model: nn.Module, m: dict[str, Any]) -> nn.Module:
+        return decompose(model, m["psi_factor"], m["l1_thres"])
+
+    @classmethod
+    def server_trainer(cls) -> type[LocalTrainer]:
+        return cls  # the server's sigma step on its labels (psi held fixed: lambda_u = 0)
 
     def make_optimizer(self, model: nn.Module, lr: float) -> SGD:
         self.sigma_side, self.psi_side = split_parameters(model)
@@ -219,13 +315,16 @@ class FedMatchTrainer(LocalTrainer):
         return x if self.cfg["method"]["view"] == "raw" else augment.weak(x, self.flip, self.gen)
 
     def begin_round(self, model, data, probs_u, prior):
-        self.helpers = helper_models(model, self.helper_psi)
+        helper_psi = [
+            self.received[k] for k in sorted(self.received) if k.startswith(HELPER_PREFIX)
+        ]
+        self.helpers = helper_models(model, helper_psi)
         x = self.view(data.x_u)
         labels, mask = agreement_labels(
             self.predict(model, x),
             [self.predict(h, x) for h in self.helpers],
             self.tr["tau"],
-            prior if self.dpl else None,
+            self.debias_prior(prior),
             self.cfg["app_u"]["eps"],
         )
         return {**self.label_stats(labels, mask, data), "num_helpers": len(self.helpers)}
@@ -284,7 +383,7 @@ class FedMatchTrainer(LocalTrainer):
             F.softmax(logits_l.detach(), 1),
             p_h,
             self.tr["tau"],
-            prior if self.dpl else None,
+            self.debias_prior(prior),
             self.cfg["app_u"]["eps"],
         )
         l1, l2 = regularisers(model, m["l2_reduction"])

@@ -9,7 +9,7 @@ pseudo-label (confident or not). With lambda ~ Beta(alpha, alpha), one per step:
     x_mix = lambda a(u_fix) + (1 - lambda) a(u_partner)       (a weak, A strong views)
 The fix and mix terms are batch means (no N_u normalisation: the mask was applied when the sets were
 built). A client with no confident sample trains on its labels only; without labels it trains on
-nothing and sits the round out (strategy.base: without_idle_clients). In labels-at-clients the
+nothing and sits the round out (`SemiFLServer.sits_out`). In labels-at-clients the
 server has no data, so server fine-tuning and static BN are dropped there; in labels-at-server
 (SemiFL's own) the server fine-tunes the aggregate and, with model.norm=bn, recomputes BatchNorm
 statistics on its labels (fssl/server_train.py).
@@ -17,19 +17,39 @@ statistics on its labels (fssl/server_train.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from . import augment
-from .losses import mix_ce, mixup, pseudo_label
-from .train import LocalTrainer
+from .. import augment
+from ..config import boolean, number
+from ..losses import mix_ce, mixup
+from ..train import LocalTrainer
+from . import MethodServer, register
 
 
+class SemiFLServer(MethodServer):
+    """SemiFL as published: a client without labels whose pseudo-labels all fell below tau
+    trained on nothing and sits the round out (its official code leaves it out of the update),
+    so the others share its weight; with none left the global model stays."""
+
+    def sits_out(self, metrics: dict[str, Any]) -> bool:
+        return metrics["num_labeled"] == 0 and not (metrics.get("pseudo_label_count") or 0)
+
+
+@register("semifl")
 class SemiFL(LocalTrainer):
     uses_unlabeled = True
+    display = "SemiFL"
+    server = SemiFLServer
+
+    @classmethod
+    def check_params(cls, m: dict[str, Any]) -> None:
+        number({"method": m}, "method.mix_alpha", low=0, open_low=True, default=None)
+        boolean({"method": m}, "method.static_bn", default=False)
 
     def begin_round(self, model, data, probs_u, prior):
-        eps = self.cfg["app_u"]["eps"]
-        labels, mask = pseudo_label(probs_u, self.tr["tau"], prior if self.dpl else None, eps)
+        labels, mask = self.pseudo_labels(probs_u, prior)
         self.pl_labels = labels  # every sample's label: mix partners use it
         self.fix_idx = mask.nonzero(as_tuple=True)[0]
         return self.label_stats(labels, mask, data)

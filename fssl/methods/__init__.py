@@ -1,0 +1,217 @@
+"""Methods: one class per algorithm, in one module of this package, registered by name.
+
+A method is a `fssl.train.LocalTrainer` subclass decorated with `@register("<name>")`; its module
+and `conf/method/<name>.yaml` are all there is to it (docs/methods.md, "Adding a method"). The class
+owns its local training step and hooks, its parameters under `method` (`check_params`), its model
+wrapper (`wrap_model`), what it keeps per client between rounds (`client_state`), its display name,
+and its server side (`server`: a `MethodServer` subclass, framework-free). A user's method loads by
+path, `method.trainer='my_pkg.my_module:MyMethod'` or `'/path/to/file.py:MyMethod'`, and follows
+the same interface; the framework asks the registry, never a method's name.
+
+This module imports neither torch nor Flower: the strategy and the launcher's checks read it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config import ConfigError, choice
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..train import LocalTrainer
+
+METHODS: dict[str, type] = {}  # registered name -> class (the built-in ones once discovered)
+_USER: dict[str, type] = {}  # user paths already loaded
+
+# What a method class must have: the engine's training entry points and the class-level API
+# (LocalTrainer provides each; a user's class that is not one is refused naming what it lacks).
+REQUIRED = (
+    "fit",
+    "begin_round",
+    "unlabeled_batch",
+    "check_params",
+    "wrap_model",
+    "server_trainer",
+    "client_state",
+    "uses_unlabeled",
+    "display",
+    "server",
+)
+
+
+def register(name: str):
+    """Class decorator: the method answers to `method.trainer=<name>`."""
+
+    def wrap(cls: type) -> type:
+        if name in METHODS and METHODS[name] is not cls:
+            raise ValueError(f"method name '{name}' registered twice ({METHODS[name]}, {cls})")
+        cls.registered_name = name
+        METHODS[name] = cls
+        return cls
+
+    return wrap
+
+
+def discover() -> dict[str, type]:
+    """Import every module of this package once, so that each registers its class."""
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    return METHODS
+
+
+def is_path(spec: str) -> bool:
+    """`pkg.module:Class` or `/path/file.py:Class`: a user's method, not a registered name."""
+    return ":" in spec
+
+
+def _load_user(spec: str) -> type:
+    if spec in _USER:
+        return _USER[spec]
+    where, _, cls_name = spec.rpartition(":")
+    if not where or not cls_name:
+        raise ConfigError(
+            f"method '{spec}': write a user method as 'package.module:Class' or "
+            "'/path/to/file.py:Class'"
+        )
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"method '{spec}': file {path} not found")
+            name = f"feddb_user_method_{abs(hash(str(path.resolve())))}"
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except Exception as err:  # the user's module: any failure to import is theirs to fix
+        raise ConfigError(
+            f"method '{spec}': cannot import {where} ({type(err).__name__}: {err}); "
+            "is it on PYTHONPATH (or give its file path)?"
+        ) from None
+    cls = getattr(module, cls_name, None)
+    if not isinstance(cls, type):
+        raise ConfigError(f"method '{spec}': {where} has no class {cls_name}")
+    missing = [a for a in REQUIRED if not hasattr(cls, a)]
+    if missing:
+        raise ConfigError(
+            f"method '{spec}': class {cls_name} lacks {', '.join(missing)}; subclass "
+            "fssl.train.LocalTrainer (or one of fssl/methods/*) to get them (docs/methods.md, "
+            "'Adding a method')"
+        )
+    _USER[spec] = cls
+    return cls
+
+
+def method_class(spec: str) -> type[LocalTrainer]:
+    """The class of `method.trainer`: a registered name or a user's path."""
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(
+            "`method.trainer` must name a method (conf/method/*.yaml), or a user method as "
+            "method='package.module:Class'"
+        )
+    if is_path(spec):
+        return _load_user(spec)
+    if spec not in discover():
+        raise ConfigError(
+            f"invalid value for `method.trainer`: '{spec}'; allowed: {', '.join(sorted(METHODS))}"
+            ", or a user method as 'package.module:Class'"
+        )
+    return METHODS[spec]
+
+
+trainer_class = method_class  # the name callers used before methods were classes of their own
+
+
+def check_method(m: dict[str, Any]) -> None:
+    """`method.trainer` names a method (or loads one) and the method's own parameters are valid.
+    A configuration saved when a method's server side was chosen apart (`method.strategy`) is
+    refused where that choice no longer exists."""
+    cls = method_class(m.get("trainer"))
+    choice({"method": m}, "method.pseudo_labels", ("round", "online"), default="round")
+    if m.get("strategy", "fedavg") != "fedavg":
+        raise ConfigError(
+            f"`method.strategy`: '{m['strategy']}' was saved before each method owned its server "
+            "side; resume it with the code it was made with (its provenance.json), or start it anew"
+        )
+    cls.check_params(m)
+
+
+def make_trainer(
+    cfg: dict[str, Any], ds_mean: tuple, ds_std: tuple, device: torch.device
+) -> LocalTrainer:
+    return method_class(cfg["method"]["trainer"])(cfg, ds_mean, ds_std, device)
+
+
+def make_model(cfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Module:
+    """The configured model, wrapped as the method needs it (FedMatch: sigma + psi)."""
+    from ..models import build_model
+
+    size = cfg.get("data_meta", {}).get("image_shape", [in_channels, 28, 28])[-1]
+    model = build_model(cfg["model"], num_classes, in_channels, size)
+    return method_class(cfg["method"]["trainer"]).wrap_model(model, cfg["method"])
+
+
+def display_name(m: dict[str, Any]) -> str:
+    """How reports name the method: its YAML's `display`, else its class's."""
+    return m.get("display") or method_class(m["trainer"]).display
+
+
+class MethodServer:
+    """A method's server side, without Flower: the strategy (strategy/base.py) asks it how to
+    combine the round's clients, what each client receives besides the global model, and what
+    it keeps. The base is plain averaging with nothing extra. `notes` is the round's record of
+    what the method did (its keys go to metrics.jsonl)."""
+
+    # labels_at_server: when the server trains on its labels. alternate: the aggregate, before it
+    # goes out; parallel: the round's global model while the clients train, then `coefficients`
+    # leaves the weight the clients do not take on that server model
+    step = "alternate"
+    # what it does that a Flower strategy (strategy=<name>) could not do in its place; None: it
+    # does nothing a plain average lacks
+    own_aggregation: str | None = None
+
+    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
+        self.cfg, self.num_classes = cfg, num_classes
+        self.notes: dict[str, Any] = {}
+
+    def coefficients(
+        self, server_round: int, metrics: list[dict[str, Any]], weights: np.ndarray
+    ) -> np.ndarray:
+        """Each client's coefficient in the aggregate; what they leave stays on the global (or
+        server) model."""
+        return weights
+
+    def sits_out(self, metrics: dict[str, Any]) -> bool:
+        """Whether a client's update leaves the aggregate (after the warm-up); the others share
+        its weight."""
+        return False
+
+    def records_for(self, pid: int, server_round: int) -> dict[str, dict[str, np.ndarray]]:
+        """Named arrays a client receives with its train instruction, besides the global model."""
+        return {}
+
+    def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
+        """Caches built from the round's valid replies (arrays, metrics, app_u each)."""
+
+    def state(self) -> dict[str, dict[str, np.ndarray]]:
+        """Arrays a checkpoint keeps (merged into the strategy's)."""
+        return {}
+
+    def load_state(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        pass

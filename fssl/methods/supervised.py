@@ -1,0 +1,14 @@
+"""Labels-only training: FedAvg's client, cross-entropy on the client's labeled data (the
+unlabeled data only feed APP-U, which every method ships)."""
+
+from __future__ import annotations
+
+from ..train import LocalTrainer
+from . import register
+
+
+@register("supervised")
+class Supervised(LocalTrainer):
+    """FedAvg's client: CE on the labeled data only."""
+
+    display = "FedAvg"
