@@ -1,5 +1,6 @@
-"""Methods are classes registered by name: the framework never branches on a method's name, DPL
-composes with every pseudo-labelling method, and DPL's global prior is the aggregate's APP-U."""
+"""Methods are classes registered by name: the framework never branches on a method's name, each
+new method's rule is its paper's (hand-computed cases), DPL composes with every one, what a client
+keeps survives between its rounds, and DPL's global prior is the aggregate's APP-U."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 from conftest import TINY, make_reply
 
 from fssl.losses import debias
-from fssl.methods import discover, make_trainer
-from fssl.runtime import data_meta, dataset_for
+from fssl.methods import discover, make_model, make_trainer
+from fssl.runtime import client_data_for, data_meta, dataset_for
 from server_app.config import compose
 from strategy import contract, make_strategy
 
@@ -60,13 +61,46 @@ def test_every_method_has_a_yaml_and_a_display_name():
         assert yamls, f"no conf/method/*.yaml uses {name}"
 
 
-@pytest.mark.parametrize("method", ["fixmatch", "semifl"])
+def test_flexmatch_thresholds_follow_each_class_learning_effect_and_mask_before_update():
+    _, t = trainer_for("flexmatch", "train.tau=0.9")
+    t.selected = torch.tensor([0, 0, 0, 1, -1, -1])
+    # unused 2, sigma (3, 1, 0): beta = sigma / max(3, 2); T = beta / (2 - beta) * tau
+    assert torch.allclose(t.thresholds(3), torch.tensor([0.9, 0.18, 0.0]))
+    probs = torch.tensor([[0.1, 0.8, 0.1], [0.95, 0.03, 0.02], [0.1, 0.1, 0.8]])
+    labels, mask = t.select(probs, torch.tensor([4, 5, 3]), learn=True)
+    assert labels.tolist() == [1, 0, 2] and mask.tolist() == [True, True, True]
+    assert t.selected.tolist() == [0, 0, 0, 1, -1, 0]  # only image 5 was confident (0.95 >= 0.9)
+    t.cfg["method"]["threshold_warmup"] = False  # normalised by the largest class alone
+    assert torch.allclose(t.thresholds(3), torch.tensor([0.9, 1 / 7 * 0.9, 0.0]))
+
+
+@pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "semifl"])
 def test_dpl_composes_with_every_pseudo_labelling_method(method):
     _, t = trainer_for(method, "dpl=true")
+    t.selected = torch.full((4,), -1)
     probs = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])
     prior = torch.tensor([0.7, 0.2, 0.1])
     labels, _ = t.pseudo_labels(probs, prior, torch.arange(4))
     assert labels.tolist() == debias(probs, prior).argmax(1).tolist() != probs.argmax(1).tolist()
+
+
+@pytest.mark.parametrize(
+    "method,slot",
+    [("flexmatch", "flexmatch")],
+)
+def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
+    cfg = cfg_for(method, "train.tau=0.1")
+    meta, cpu = cfg["data_meta"], torch.device("cpu")
+    data = client_data_for(cfg, 1, cpu)
+    t = make_trainer(cfg, meta["mean"], meta["std"], cpu)
+    t.fit(make_model(cfg, 10, 1), data, 0.1, seed=1)
+    kept = t.client_state()[slot]
+    again = make_trainer(cfg, meta["mean"], meta["std"], cpu)
+    again.fit(make_model(cfg, 10, 1), data, 0.1, seed=2, client_state={slot: kept})
+    after = again.client_state()[slot]
+    fresh = make_trainer(cfg, meta["mean"], meta["std"], cpu)
+    fresh.fit(make_model(cfg, 10, 1), data, 0.1, seed=2)
+    assert any(not torch.equal(after[k], fresh.client_state()[slot][k]) for k in after)
 
 
 def test_dpl_global_prior_is_the_aggregate_app_u_sent_with_the_model():
