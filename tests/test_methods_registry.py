@@ -74,10 +74,36 @@ def test_flexmatch_thresholds_follow_each_class_learning_effect_and_mask_before_
     assert torch.allclose(t.thresholds(3), torch.tensor([0.9, 1 / 7 * 0.9, 0.0]))
 
 
-@pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "semifl"])
+def test_freematch_thresholds_are_emas_of_confidence_and_its_fairness_term_is_the_authors():
+    _, t = trainer_for("freematch", "method.ema=0.9")
+    t.estimates = {k: torch.full((3,), 1 / 3) for k in ("p_model", "label_hist")}
+    t.estimates["time_p"] = torch.tensor([1 / 3])
+    probs = torch.tensor([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1]])
+    labels, mask = t.select(probs, torch.tensor([0, 1]), learn=True)
+    tau = 0.9 / 3 + 0.1 * 0.75
+    p_model = 0.9 / 3 + 0.1 * probs.mean(0)
+    assert float(t.estimates["time_p"]) == pytest.approx(tau)
+    assert torch.allclose(t.estimates["p_model"], p_model)
+    assert torch.allclose(t.estimates["label_hist"], 0.9 / 3 + 0.1 * torch.tensor([1.0, 0, 0]))
+    scaled = p_model / p_model.max()
+    assert mask.tolist() == [bool(tau * scaled[0] <= 0.9), bool(tau * scaled[0] <= 0.6)]
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    p = torch.softmax(logits, 1)
+    hist = torch.tensor([0.5, 0.5, 0.0])
+    a = t.estimates["p_model"] / t.estimates["label_hist"]
+    a = a / a.sum()
+    b = p.mean(0) * torch.tensor([2.0, 2.0, 0.0])
+    b = b / b.sum()
+    assert hist.sum() == 1
+    assert float(t.fairness(logits)) == pytest.approx(float((a * torch.log(b + 1e-12)).sum()))
+
+
+@pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "freematch", "semifl"])
 def test_dpl_composes_with_every_pseudo_labelling_method(method):
     _, t = trainer_for(method, "dpl=true")
     t.selected = torch.full((4,), -1)
+    t.estimates = {k: torch.full((3,), 1 / 3) for k in ("p_model", "label_hist")}
+    t.estimates["time_p"] = torch.tensor([1 / 3])
     probs = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])
     prior = torch.tensor([0.7, 0.2, 0.1])
     labels, _ = t.pseudo_labels(probs, prior, torch.arange(4))
@@ -86,7 +112,7 @@ def test_dpl_composes_with_every_pseudo_labelling_method(method):
 
 @pytest.mark.parametrize(
     "method,slot",
-    [("flexmatch", "flexmatch")],
+    [("flexmatch", "flexmatch"), ("freematch", "freematch")],
 )
 def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
     cfg = cfg_for(method, "train.tau=0.1")
