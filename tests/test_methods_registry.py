@@ -98,12 +98,32 @@ def test_freematch_thresholds_are_emas_of_confidence_and_its_fairness_term_is_th
     assert float(t.fairness(logits)) == pytest.approx(float((a * torch.log(b + 1e-12)).sum()))
 
 
-@pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "freematch", "semifl"])
+def test_debiaspl_labels_are_logit_adjusted_by_its_running_mean_prediction():
+    _, t = trainer_for("debiaspl", "method.ema=0.5", "train.tau=0.5")
+    t.q_hat = torch.tensor([0.6, 0.3, 0.1])
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    labels, mask = t.select(probs, torch.tensor([0, 1]), learn=True)
+    q = probs / torch.tensor([0.6, 0.3, 0.1]).sqrt()  # softmax(f - 0.5 log q) = norm(p / q^0.5)
+    q = q / q.sum(1, keepdim=True)
+    assert (
+        labels.tolist() == q.argmax(1).tolist() and mask.tolist() == (q.max(1)[0] >= 0.5).tolist()
+    )
+    assert torch.allclose(t.q_hat, 0.5 * torch.tensor([0.6, 0.3, 0.1]) + 0.5 * probs.mean(0))
+    logits, target = torch.zeros(2, 3), torch.tensor([0, 2])
+    margin = 0.5 * torch.tensor([0.6, 0.3, 0.1]).log()  # the q-hat the labels were made with
+    expected = torch.nn.functional.cross_entropy(logits + margin, target)
+    assert float(t.unlabeled_loss(logits, target, torch.ones(2), 2.0)) == pytest.approx(
+        float(expected)
+    )
+
+
+@pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "freematch", "debiaspl", "semifl"])
 def test_dpl_composes_with_every_pseudo_labelling_method(method):
     _, t = trainer_for(method, "dpl=true")
     t.selected = torch.full((4,), -1)
     t.estimates = {k: torch.full((3,), 1 / 3) for k in ("p_model", "label_hist")}
     t.estimates["time_p"] = torch.tensor([1 / 3])
+    t.q_hat = torch.full((3,), 1 / 3)
     probs = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])
     prior = torch.tensor([0.7, 0.2, 0.1])
     labels, _ = t.pseudo_labels(probs, prior, torch.arange(4))
@@ -112,7 +132,7 @@ def test_dpl_composes_with_every_pseudo_labelling_method(method):
 
 @pytest.mark.parametrize(
     "method,slot",
-    [("flexmatch", "flexmatch"), ("freematch", "freematch")],
+    [("flexmatch", "flexmatch"), ("freematch", "freematch"), ("debiaspl", "debiaspl")],
 )
 def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
     cfg = cfg_for(method, "train.tau=0.1")
