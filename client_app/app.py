@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.attacks import apply_attack, attack_of
-from fssl.methods import make_trainer
+from fssl.methods import is_path, make_trainer
 from fssl.profiling import process_start, profiled
 from fssl.runtime import client_data_for, keep_freed_memory, model_for
 from fssl.train import client_seed, resolve_device
@@ -31,6 +31,7 @@ keep_freed_memory()  # once per worker process: batches reuse freed memory
 
 def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
+    check_user_method(cfg["method"]["trainer"], context)
     meta = cfg["data_meta"]  # filled in by the ServerApp from its dataset
     device = resolve_device(cfg["device"])
     model = model_for(cfg, device)
@@ -39,6 +40,20 @@ def _setup(msg: Message, context: Context):
     pid = partition_of(msg, context, bool(own_file))
     data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
     return cfg, pid, meta, data, model
+
+
+def check_user_method(spec: str, context: Context) -> None:
+    """A method loaded by path runs code from this machine's disk that the installed app does
+    not hold: a SuperNode with its own data (a deployment) runs one only where its operator
+    allowed it, `--node-config "allow-methods='<spec>'"` (several: comma-separated; '*': any)."""
+    if not is_path(spec) or not context.node_config.get("data-path"):
+        return
+    allowed = str(context.node_config.get("allow-methods", ""))
+    if allowed != "*" and spec not in [a.strip() for a in allowed.split(",")]:
+        raise PermissionError(
+            f"method '{spec}' is loaded by path, and this node allows none (node_config "
+            "allow-methods): start it with --node-config \"allow-methods='<spec>'\" to allow it"
+        )
 
 
 def partition_of(msg: Message, context: Context, own_data: bool) -> int:

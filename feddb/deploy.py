@@ -147,6 +147,7 @@ class LocalDeployment:
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.node_extra = ""  # node_config every SuperNode gets (allow-methods for a user's)
         self.certs = (
             None if insecure else make_certs(self.workdir / "certs", ["localhost", "127.0.0.1"])
         )
@@ -230,9 +231,8 @@ class LocalDeployment:
         `patient`: a node restarted during a run keeps trying to connect for up to 3 min (the
         SuperLink refuses an authenticated node's key until it has expired the node's old
         session, 2 x 30 s of missed heartbeats), where a first start gives up after 20 s."""
-        node_config = f"partition-id={pid} num-partitions={num}" + (
-            f" {extra_config}" if extra_config else ""
-        )
+        extra = " ".join(e for e in (self.node_extra, extra_config) if e)
+        node_config = f"partition-id={pid} num-partitions={num}" + (f" {extra}" if extra else "")
         if data_file is not None:
             node_config += f" data-path='{data_file}'"
         cmd = [
@@ -376,6 +376,9 @@ def run_local(
         )
         return 2
     dep = LocalDeployment(workdir, insecure)
+    method = str(run_config.get("method", ""))
+    if ":" in method:  # a user's method by path: these nodes are the user's own
+        dep.node_extra = f"allow-methods='{method}'"
     try:
         dep.start_superlink()
         keys = [] if insecure else make_keys(dep.workdir / "keys", nodes)

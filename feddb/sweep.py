@@ -48,7 +48,9 @@ def rows() -> dict[str, str]:
     every section of conf/comparison/*.yaml (the paper's methods and ablation, the strategy
     comparison), so that a new method is a row without an entry there."""
     out = {
-        p.stem: f"method='{p.stem}'" for p in sorted((PROJECT / "conf" / "method").glob("*.yaml"))
+        p.stem: f"method='{p.stem}'"
+        for p in sorted((PROJECT / "conf" / "method").glob("*.yaml"))
+        if p.stem != "custom"  # a user's method: `method='pkg.module:Class'`, not a row
     }
     for path in sorted((PROJECT / "conf" / "comparison").glob("*.yaml")):
         for section in yaml.safe_load(path.read_text()).values():

@@ -417,7 +417,14 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "seed")
     integer(cfg, "num_rounds", low=1)
     boolean(cfg, "dpl", "dma.enabled")  # the method's two switches
-    choice(cfg, "dpl_prior", ("local", "global"), default="local")
+    if (
+        choice(cfg, "dpl_prior", ("local", "global"), default="local") == "global"
+        and not cfg["dpl"]
+    ):
+        raise ConfigError(
+            "dpl_prior=global sets what DPL divides by, and DPL is off in this run: add "
+            "dpl=true, or drop dpl_prior"
+        )
     choice(cfg, "device", ("auto", "cpu", "cuda"))
     path_string(cfg, "output_dir")
 

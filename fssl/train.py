@@ -187,14 +187,21 @@ class LocalTrainer:
         (not the metrics-only pass of a round whose labels are made online), so a method may
         update what it tracks."""
         debias_by = self.debias_prior(prior)
+        raw = probs
         if debias_by is not None:
             probs = debias(probs, debias_by, self.cfg["app_u"]["eps"])
-        return self.select(probs, idx, learn)
+        return self.select(probs, idx, learn, raw)
 
     def select(
-        self, probs: torch.Tensor, idx: torch.Tensor | None, learn: bool
+        self,
+        probs: torch.Tensor,
+        idx: torch.Tensor | None,
+        learn: bool,
+        raw: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pseudo-labelling rule (a hook): argmax labels, kept where max p >= tau."""
+        """The pseudo-labelling rule (a hook): labels and mask from `probs` (DPL-debiased when
+        DPL is on; `raw`: the model's own probabilities, which a method's estimates of the model
+        track; None: `probs` are raw). Here argmax labels, kept where max p >= tau."""
         return pseudo_label(probs, self.tr["tau"])
 
     def labels_only(self, data: ClientData) -> bool:

@@ -59,22 +59,35 @@ def query_nodes(
     at_least: float = 60.0,
 ) -> dict[int, dict[str, int]]:
     """Ask each node its partition id and whether it holds its own data file (and, for the
-    start-up timeline, when its process started and imported the ClientApp)."""
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    start-up timeline, when its process started and imported the ClientApp). A node the
+    SuperLink reports unavailable (its heartbeat late: reconnecting after a SuperLink restart) is
+    asked again until the time is up."""
+    deadline = time.monotonic() + max(timeout, at_least)
     info: dict[int, dict[str, int]] = {}
     started: list[float | None] = []
     imported: list[float] = []
-    for reply in grid.send_and_receive(msgs, timeout=max(timeout, at_least)):
-        if reply.has_error():
-            raise NodeError(
-                f"node {reply.metadata.src_node_id} failed to report its partition: "
-                f"{reply.error.reason}"
-            )
-        rec = parse_node_info(reply)
-        info[reply.metadata.src_node_id] = {"pid": rec["pid"], "own-data": rec["own-data"]}
-        if timeline is not None and rec["imported-at"]:
-            started.append(rec["process-start"] or None)
-            imported.append(rec["imported-at"])
+    pending = list(nodes)
+    while pending:
+        msgs = [
+            Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in pending
+        ]
+        failed: list[tuple[int, str]] = []
+        for reply in grid.send_and_receive(msgs, timeout=max(1.0, deadline - time.monotonic())):
+            if reply.has_error():
+                failed.append((reply.metadata.src_node_id, reply.error.reason))
+                continue
+            rec = parse_node_info(reply)
+            info[reply.metadata.src_node_id] = {"pid": rec["pid"], "own-data": rec["own-data"]}
+            if timeline is not None and rec["imported-at"]:
+                started.append(rec["process-start"] or None)
+                imported.append(rec["imported-at"])
+        retry = all("unavailable" in reason.lower() for _, reason in failed)
+        if failed and (not retry or time.monotonic() + 2.0 > deadline):
+            node, reason = failed[0]
+            raise NodeError(f"node {node} failed to report its partition: {reason}")
+        pending = [node for node, _ in failed]
+        if pending:
+            time.sleep(2.0)
     if timeline is not None and imported:
         timeline.marks["client_process_start"] = min((t for t in started if t), default=None)
         timeline.marks["client_app_imported"] = max(imported)

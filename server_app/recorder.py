@@ -23,9 +23,21 @@ from strategy.contract import arrays_to_torch
 
 from .tracking import Tracking
 
-# keys every round record carries for the method's server-side notes, null by default, so that
-# every run's metrics.jsonl has the same keys
+# the method's server-side notes every round record carries, null by default, so that every
+# run's metrics.jsonl has the same keys: the groups it averaged by, the helpers it sent each client
 NOTE_KEYS = ("groups", "helpers")
+
+
+def method_notes(notes: dict[str, Any]) -> dict[str, Any]:
+    """What the method's server side noted this round (fssl.methods.MethodServer.notes): NOTE_KEYS
+    at the top of the record, anything else under `method_notes`, where it cannot replace a key
+    of the record."""
+    out: dict[str, Any] = {key: notes.get(key) for key in NOTE_KEYS}
+    rest = {k: v for k, v in notes.items() if k not in NOTE_KEYS}
+    if rest:
+        out["method_notes"] = rest
+    return out
+
 
 # a round whose global model is not evaluated (eval.every > 1): its record has these as null
 NOT_EVALUATED = dict.fromkeys(
@@ -265,10 +277,7 @@ class RoundRecorder:
             "robust": info.robust,  # norm bound and rule (strategy/robust.py)
             "strategy": info.strategy,  # strategy=<name>: which one, weights used
             "gradient_diversity": deferred(info.gradient_diversity),
-            # what the method's server side did (fssl.methods.MethodServer.notes): the groups
-            # it averaged by, the helpers it sent each client, null where it did neither
-            **{key: None for key in NOTE_KEYS},
-            **info.method,
+            **method_notes(info.method),
             "js_divergence": float(np.mean(js_app)) if js_app else None,
             "js_divergence_labeled": float(np.mean(js_lab)) if js_lab else None,
             "pseudo_label_accuracy": float(np.mean(pl_acc)) if pl_acc else None,

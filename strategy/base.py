@@ -426,8 +426,9 @@ class WeightedAverage(FedAvg):
             client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)
         ]
         record.dma = diagnostics or None
-        if self.cfg.get("dpl_prior") == "global":
-            self.global_prior = aggregated_app_u(parsed, coefficients)
+        if self.cfg.get("dpl_prior") == "global":  # an all-idle round keeps the last one
+            prior = self.aggregated_app_u(parsed, coefficients)
+            self.global_prior = prior if prior is not None else self.global_prior
         self.after_aggregate(server_round, parsed)
         return numpy_to_arrays(new), MetricRecord({"valid_replies": len(parsed)})
 
@@ -437,6 +438,26 @@ class WeightedAverage(FedAvg):
         semi-supervised rounds average shares the warm-up of the rows it is compared with."""
         server = self.cfg["server"]
         return (server.get("warmup_weighting") if warmup else None) or server["weighting"]
+
+    def aggregated_app_u(
+        self, parsed: list[dict[str, Any]], coefficients: np.ndarray
+    ) -> np.ndarray | None:
+        """`dpl_prior: global`: sum_m beta_m p_bar_m over the clients the round's defences kept
+        (an APP-U is a reply's claim, sent on to every client), beta their coefficients
+        renormalised: the federation's APP-U as the aggregate weighs it (what DMA brings closest
+        to uniform); the coordinate-wise median or trimmed mean under those rules. None when no
+        client kept any weight."""
+        kept = (self.round_record.robust or {}).get("selected")
+        idx = list(range(len(parsed))) if kept is None else list(kept)
+        weights = np.asarray(coefficients, dtype=np.float64)[idx]
+        if not idx or float(weights.sum()) <= 0:
+            return None
+        stacked = np.stack([parsed[i]["app_u"] for i in idx])
+        rb = self.cfg["server"]["robust"]
+        if rb["rule"] in ("median", "trimmed_mean"):
+            combined = robust.combine(stacked, weights, rb["rule"], rb["trim"])
+            return combined / combined.sum()
+        return (weights / weights.sum()) @ stacked
 
     def without_idle_clients(
         self, parsed: list[dict[str, Any]], weights: np.ndarray, server_round: int
@@ -523,17 +544,6 @@ class WeightedAverage(FedAvg):
             self.momentum_buffer[key] = buf
             new[key] = (old.astype(np.float64) - s * buf).astype(old.dtype)
         return new
-
-
-def aggregated_app_u(parsed: list[dict[str, Any]], coefficients: np.ndarray) -> np.ndarray | None:
-    """sum_m beta_m p_bar_m over the round's clients, beta their coefficients renormalised: the
-    federation's APP-U as the aggregate weighs it (what DMA brings closest to uniform), for
-    `dpl_prior: global`."""
-    total = float(np.sum(coefficients))
-    if not parsed or total <= 0:
-        return None
-    stacked = np.stack([p["app_u"] for p in parsed])
-    return (np.asarray(coefficients, dtype=np.float64) / total) @ stacked
 
 
 def gradient_diversity(

@@ -210,12 +210,14 @@ FILTER = "server.robust.loss_check=null"  # the agreement filter alone
 
 def test_a_sign_flip_is_dropped_by_the_agreement_filter(attacks_on, small_npz, tmp_path):
     """The default filter (server.robust.min_cosine=-0.1, min_cosine_margin=0.2): the flipped
-    update has the lowest cosine with the median of the others, and goes once it stands out below
-    the round's median cosine; the same node honest is never dropped."""
+    update points away from the median of the others, and goes once it stands out below the
+    round's median cosine; no honest node is dropped, nor the same node honest. (An honest
+    non-IID update may point away further than the flipped one in an early round: measured on a
+    2-core AMD EPYC, 2026-11-26, -0.185 against -0.155; the rule drops neither.)"""
     rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", FILTER, rounds=4)
     for r in rounds:
         cos = r["robust"]["cosines"]
-        assert cos[0] == min(cos) < -0.1
+        assert cos[0] < -0.1
         stands_out = cos[0] < np.median(cos) - 0.2
         assert (0 in r["robust"]["dropped"]) == stands_out, cos
         assert r["robust"]["dropped"] in ([], [0])

@@ -122,6 +122,12 @@ CASES = [
     ("overrides", "a custom strategy without a class", "strategy='custom'", "strategy.target"),
     ("overrides", "an unknown DPL prior", "overrides='dpl_prior=server'", "dpl_prior"),
     (
+        "overrides",
+        "a global DPL prior without DPL",
+        "method='fixmatch' overrides='dpl_prior=global'",
+        "dpl_prior",
+    ),
+    (
         "methods",
         "a user method that does not import",
         "method='no_such_pkg.mod:Mine'",

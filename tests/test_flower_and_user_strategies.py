@@ -135,7 +135,7 @@ def test_bad_custom_strategy_is_refused_before_the_run(target, match):
 
 
 def test_methods_with_their_own_strategy_refuse_another():
-    with pytest.raises(ConfigError, match="needs its own strategy"):
+    with pytest.raises(ConfigError, match="needs its own server side"):
         compose(["method=fedmatch", "strategy=fedadam"])
     with pytest.raises(ConfigError, match="server.robust.rule"):
         compose(["strategy=fedavg", "server.robust.rule=median"])

@@ -15,6 +15,7 @@ from conftest import TINY, make_reply
 from fssl.losses import debias
 from fssl.methods import discover, make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for
+from fssl.train import ClientData
 from server_app.config import compose
 from strategy import contract, make_strategy
 
@@ -137,7 +138,8 @@ def test_dpl_composes_with_every_pseudo_labelling_method(method):
 def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
     cfg = cfg_for(method, "train.tau=0.1")
     meta, cpu = cfg["data_meta"], torch.device("cpu")
-    data = client_data_for(cfg, 1, cpu)
+    full = client_data_for(cfg, 1, cpu)  # its labels and 64 of its unlabeled images
+    data = ClientData(full.x_l, full.y_l, full.x_u[:64], full.y_u[:64])
     t = make_trainer(cfg, meta["mean"], meta["std"], cpu)
     t.fit(make_model(cfg, 10, 1), data, 0.1, seed=1)
     kept = t.client_state()[slot]

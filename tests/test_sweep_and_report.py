@@ -97,7 +97,9 @@ def test_a_sweep_counts_its_own_runs_not_those_of_a_sweep_beside_it(tmp_path):
 
 def test_sweep_rejects_an_unknown_row(tmp_path):
     res = sweep(tmp_path, "row=fedbogus")
-    assert res.returncode == 1 and "unknown row 'fedbogus'; choose from fedavg" in res.stdout
+    assert (
+        res.returncode == 1 and "unknown row 'fedbogus'; choose from debiaspl, fedavg" in res.stdout
+    )
 
 
 def test_sweep_presets_compose():

@@ -125,3 +125,23 @@ def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path
 
     saved = yaml.safe_load((out / "config.yaml").read_text())["method"]
     assert saved["name"] == "SmoothedFixMatch" and saved["params"] == {"smoothing": 0.2}
+
+
+def test_a_deployed_node_runs_a_user_method_only_where_its_operator_allowed_it(tmp_path):
+    """A method by path runs code from the node's disk that the installed app does not hold: a
+    SuperNode with its own data refuses it unless its node_config allows that path."""
+    from test_client_app import _run
+
+    from fssl.data import write_client_files
+    from fssl.runtime import partition_for
+
+    cfg = compose(TINY + run_config_to_overrides({"method": SPEC}) + ["train.tau=0.1"])
+    part = partition_for(cfg)
+    files = write_client_files(dataset_for(cfg), part.labeled, part.unlabeled, tmp_path)
+    own = {"data-path": str(files[1])}
+    with pytest.raises(PermissionError, match="allow-methods"):  # Flower's runtime: an error reply
+        _run(cfg, pid=1, node_config=own)
+    _, allowed = _run(cfg, pid=1, node_config={**own, "allow-methods": SPEC})
+    assert not allowed.has_error(), allowed.error.reason if allowed.has_error() else ""
+    _, simulated = _run(cfg, pid=1)  # a simulation's nodes are the user's own processes
+    assert not simulated.has_error()

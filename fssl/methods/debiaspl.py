@@ -14,7 +14,8 @@ Federated: q-hat is the client's own, kept between its rounds in Flower's contex
 sent or averaged. Pseudo-labels come from the current local model at each step
 (`method.pseudo_labels: online`), as in the paper, and q-hat moves after each step's labels. The
 authors' momentum 0.999 is set for 2^20 steps; a client here takes a few hundred, so `method.ema`
-is 0.97 (as FreeMatch's: docs/methods.md). DPL, when on, divides by APP-U first.
+is 0.97 (as FreeMatch's: docs/methods.md). DPL, when on, divides by APP-U before the adjustment;
+q-hat follows the model's own predictions.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ class DebiasPL(FixMatch):
             self.q_hat = torch.full((k,), 1.0 / k, device=self.device)
         return super().begin_round(model, data, probs_u, prior)
 
-    def select(self, probs, idx, learn):
+    def select(self, probs, idx, learn, raw=None):
         adjusted = probs * self.q_hat.pow(-self.cfg["method"]["debias"])
         conf, labels = (adjusted / adjusted.sum(1, keepdim=True)).max(1)
         self.margin = self.cfg["method"]["debias"] * self.q_hat.log()  # for this step's loss
-        if learn:
+        if learn:  # q-hat follows the model's own mean prediction
             m = self.cfg["method"]["ema"]
-            self.q_hat = m * self.q_hat + (1 - m) * probs.mean(0)
+            self.q_hat = m * self.q_hat + (1 - m) * (probs if raw is None else raw).mean(0)
         return labels, conf >= self.tr["tau"]
 
     def unlabeled_loss(self, logits, target, mask, denom):

@@ -61,7 +61,7 @@ class FlexMatch(FixMatch):
             self.selected = torch.full((len(data.y_u),), -1, dtype=torch.long, device=self.device)
         return super().begin_round(model, data, probs_u, prior)
 
-    def select(self, probs, idx, learn):
+    def select(self, probs, idx, learn, raw=None):
         conf, labels = probs.max(1)
         mask = conf >= self.thresholds(probs.shape[1])[labels]
         if learn:  # after the mask, as the authors' code

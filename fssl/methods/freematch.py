@@ -16,7 +16,8 @@ context.state and never sent or averaged. Pseudo-labels come from the current lo
 step (`method.pseudo_labels: online`). The paper's momentum 0.999 is set for 2^20 steps, over which
 the estimates settle within the first 0.1 %; a client here takes a few hundred steps in all, so
 `method.ema` is 0.97 (a time constant of 33 steps, about a tenth of a miniature client's training:
-docs/methods.md). DPL, when on, debiases the probabilities first.
+docs/methods.md). DPL, when on, debiases the probabilities the mask and labels are made from; the
+estimates follow the model's own.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ class FreeMatch(FixMatch):
         e["p_model"] = m * e["p_model"] + (1 - m) * probs.mean(0)
         e["label_hist"] = m * e["label_hist"] + (1 - m) * hist / hist.sum()
 
-    def select(self, probs, idx, learn):
-        if learn:  # before the mask, as the authors' code
-            self.update(probs)
+    def select(self, probs, idx, learn, raw=None):
+        if learn:  # before the mask, as the authors' code; of the model's own probabilities
+            self.update(probs if raw is None else raw)
         e = self.estimates
         conf, labels = probs.max(1)
         scaled = e["p_model"] / e["p_model"].max()
