@@ -201,7 +201,7 @@ def flwr_rounds(args, rounds: int, gpus: str) -> dict:
     against the clients' own training time. The paper preset runs the paper's federation (100
     clients, 10 a round, Dirichlet 0.3); the small one `--clients` clients, all every round."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
+        out = Path(args.keep_run) if args.keep_run else Path(tmp) / "run"
         overrides = "train.tau=1e-6 checkpoint.every=0" + (
             " train.compile=true" if args.compile else ""
         )
@@ -276,6 +276,11 @@ def main() -> int:
         help="run the flwr simulation under NVIDIA MPS (feddb run's --mps)",
     )
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument(
+        "--keep-run",
+        metavar="DIR",
+        help="keep the `flwr run`'s output directory here (for `feddb floor --paper-round --run`)",
+    )
     ap.add_argument(
         "--write-random-cifar10",
         metavar="DIR",
