@@ -91,6 +91,14 @@ def paper_round(cfg: dict[str, Any], n_labeled: int, n_pool: int, test_images: i
     }
 
 
+def confident(client: dict[str, Any]) -> int:
+    """A client's confident unlabeled images as its metrics.jsonl record has them: the record
+    keeps the fraction (`pseudo_label_ratio`, None for a labels-only method), not the count."""
+    if client.get("pseudo_label_count") is not None:
+        return int(client["pseudo_label_count"])
+    return round((client.get("pseudo_label_ratio") or 0.0) * client["num_unlabeled"])
+
+
 def measured_rounds(run_dir: Path, cfg: dict[str, Any], test_images: int) -> dict:
     """Mean FLOPs of a run's rounds as they were: each client's labeled and confident counts."""
     model, shape = model_for(cfg, "cpu")
@@ -103,7 +111,7 @@ def measured_rounds(run_dir: Path, cfg: dict[str, Any], test_images: int) -> dic
     for r in rounds:
         total = evaluation
         for c in r.get("clients", []):
-            key = (c["num_labeled"], c["num_unlabeled"], c.get("pseudo_label_count") or 0)
+            key = (c["num_labeled"], c["num_unlabeled"], confident(c))
             if key not in cache:
                 cache[key] = client_flops(model, shape, *key, epochs, passes)
             total += cache[key]

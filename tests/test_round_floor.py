@@ -2,7 +2,9 @@
 
 from torch import nn
 
-from feddb.roundfloor import client_flops, forward_flops, paper_round, step_flops
+import json
+
+from feddb.roundfloor import client_flops, forward_flops, measured_rounds, paper_round, step_flops
 from server_app.config import compose
 
 N, CIN, H, W, COUT, K = 6, 3, 8, 8, 4, 3
@@ -49,3 +51,26 @@ def test_a_paper_round_counts_every_sampled_client_and_the_evaluation():
     per_image = r["evaluation"] / 10000
     assert 0.3e9 < per_image < 0.45e9
     assert 40e12 < r["round"] < 70e12
+
+
+def test_a_runs_rounds_count_each_clients_confident_images_from_its_record(tmp_path):
+    """metrics.jsonl keeps a client's confident fraction, not its count (a run of the bench's
+    round, every image confident, once counted as if none were)."""
+    cfg = compose(["experiment=paper/cifar10_dir0.3"])
+    clients = [
+        {"num_labeled": 40, "num_unlabeled": 500, "pseudo_label_ratio": 1.0},
+        {"num_labeled": 43, "num_unlabeled": 262, "pseudo_label_ratio": 0.5},
+        {"num_labeled": 40, "num_unlabeled": 500, "pseudo_label_ratio": None},  # labels only
+    ]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "clients": clients}) + "\n")
+    got = measured_rounds(tmp_path, cfg, test_images=100)["mean_round"]
+    from feddb.roundfloor import model_for
+
+    m, shape = model_for(cfg, "cpu")
+    passes = cfg["train"]["local_epochs"] + (cfg["app_u"].get("estimate") != "literal")
+    e = cfg["train"]["local_epochs"]
+    want = forward_flops(m, shape, 100) + sum(
+        client_flops(m, shape, n_l, n_u, k, e, passes)
+        for n_l, n_u, k in ((40, 500, 500), (43, 262, 131), (40, 500, 0))
+    )
+    assert got == want
