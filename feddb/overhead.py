@@ -113,25 +113,41 @@ out = ""
 """
 
 
-def model_shapes() -> dict[str, list[int]]:
-    """The shapes of the default model's state (the arrays every message carries)."""
+def model_shapes(overrides: list[str] | None = None) -> dict[str, list[int]]:
+    """The shapes of the configured model's state (the arrays every message carries)."""
     from fssl.methods import make_model
     from server_app.config import compose
 
-    cfg = compose([])
-    model = make_model(cfg, 10, 1)
+    cfg = compose(overrides or [])
+    channels = 1 if cfg["dataset"]["name"] == "mnist10k" else 3
+    model = make_model(cfg, 10, channels)
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
-def floor(rounds: int, tmp: Path, shapes: dict[str, list[int]], use_head: bool) -> list[float]:
+def federation(overrides: list[str]) -> tuple[int, int]:
+    """The configured federation's nodes and clients a round."""
+    from server_app.config import compose
+
+    fl = compose(overrides)["fl"]
+    return fl["num_clients"], round(fl["num_clients"] * fl["fraction_train"])
+
+
+def floor(
+    rounds: int,
+    tmp: Path,
+    shapes: dict[str, list[int]],
+    use_head: bool,
+    nodes: int = NODES,
+    per_round: int = PER_ROUND,
+) -> list[float]:
     """Seconds per round of the echo pair."""
     app = tmp / "floor"
     app.mkdir()
     (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
-    (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=NODES, per_round=PER_ROUND))
+    (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=nodes, per_round=per_round))
     out = tmp / "floor.json"
     rc = f"rounds={rounds} out='{out}' shapes='{json.dumps(shapes)}'"
-    fed = {"num-supernodes": NODES, "client-resources-num-cpus": 1}
+    fed = {"num-supernodes": nodes, "client-resources-num-cpus": 1}
     env = {"FLWR_HOME": str(tmp / "flwr-home-floor")}
     if flwr_run_with_ray_head(app, fed, rc, env, use_head, show=False) != 0:
         raise RuntimeError("the floor app's run failed")
@@ -270,6 +286,43 @@ def aggregation_seconds(
     return seconds[1:], strategy.round_record.robust or {}
 
 
+def floor_only(args: argparse.Namespace) -> int:
+    """`--floor-only`: Flower's echo floor in an experiment's federation, with its model's arrays."""
+    from fssl.config import ConfigError
+
+    overrides = [f"experiment={args.experiment}"] if args.experiment else []
+    try:
+        nodes, per_round = federation(overrides)
+        shapes = model_shapes(overrides)
+    except ConfigError as err:
+        print(f"feddb overhead: {err}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds = floor(args.rounds, Path(tmp), shapes, not args.flower_ray, nodes, per_round)
+    fl = float(np.mean(seconds[SKIP:]))
+    values = sum(int(np.prod(s)) for s in shapes.values())
+    print(
+        f"Flower's floor ({args.experiment or 'the default CNN'}): {per_round} of {nodes} nodes a "
+        f"round echo {values:,} values each: {fl:.3f} s a round (mean of rounds "
+        f"{SKIP + 1}-{args.rounds}; min {min(seconds[SKIP:]):.3f}, max {max(seconds[SKIP:]):.3f})"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "experiment": args.experiment,
+                    "nodes": nodes,
+                    "per_round": per_round,
+                    "values": values,
+                    "floor_round": fl,
+                    "floor_rounds": seconds,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20)
@@ -311,8 +364,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only time the server's aggregation of synthetic updates (no Flower)",
     )
     ap.add_argument(
+        "--floor-only",
+        action="store_true",
+        help="only Flower's echo floor, in --experiment's federation with its model's arrays "
+        "(e.g. paper/cifar10_dir0.3: 100 nodes, 10 a round, WRN-28-2)",
+    )
+    ap.add_argument(
         "--experiment",
-        help="with --aggregation: an experiment preset for the "
+        help="with --aggregation or --floor-only: an experiment preset for the "
         "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN",
     )
     args = ap.parse_args(argv)
@@ -320,8 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         from .deployoverhead import main as deployment_main
 
         return deployment_main(args.nodes, args.rounds, args.json)
-    if args.experiment and not args.aggregation:
-        ap.error("--experiment goes with --aggregation (the simulations use the default CNN)")
+    if args.experiment and not (args.aggregation or args.floor_only):
+        ap.error(
+            "--experiment goes with --aggregation or --floor-only "
+            "(the project's simulations use the default CNN)"
+        )
+    if args.floor_only:
+        return floor_only(args)
     if args.aggregation:
         overrides = [f"experiment={args.experiment}"] if args.experiment else []
         from fssl.config import ConfigError

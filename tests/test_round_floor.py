@@ -1,8 +1,8 @@
 """`feddb floor --paper-round`: a round's FLOPs counted exactly, composed as the round runs."""
 
-from torch import nn
-
 import json
+
+from torch import nn
 
 from feddb.roundfloor import client_flops, forward_flops, measured_rounds, paper_round, step_flops
 from server_app.config import compose

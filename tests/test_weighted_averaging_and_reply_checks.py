@@ -299,3 +299,17 @@ def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--aggregation", "--experiment", "nope"])
     assert exit_.value.code == 2 and "unknown experiment 'nope'" in capsys.readouterr().err
+
+
+def test_overhead_floor_only_takes_the_experiments_federation_and_arrays(capsys):
+    """`feddb overhead --floor-only --experiment E`: the echo floor in E's federation (the paper's
+    100 nodes, 10 a round) with E's model's arrays (WRN-28-2); a bad preset is one line, exit 2."""
+    from feddb.overhead import federation, main, model_shapes
+
+    paper = ["experiment=paper/cifar10_dir0.3"]
+    assert federation(paper) == (100, 10)
+    shapes = model_shapes(paper)
+    assert shapes["features.0.weight"] == [16, 3, 3, 3]  # colour images in
+    assert sum(int(np.prod(s)) for s in shapes.values()) > 1_400_000  # WRN-28-2, not the CNN
+    assert main(["--floor-only", "--experiment", "nope"]) == 2
+    assert "unknown experiment 'nope'" in capsys.readouterr().err
