@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import os
 import sys
 from functools import lru_cache
 
@@ -89,12 +90,18 @@ def data_meta(ds: Dataset) -> dict:
 _CLIENTS: dict[tuple, ClientData] = {}
 
 
+def _file_key(path: str) -> str:
+    info = os.stat(path)
+    return f"{path}|{info.st_mtime_ns}|{info.st_size}"
+
+
 def client_data_for(
     cfg: dict, pid: int, device: torch.device, own_file: str | None = None
 ) -> ClientData:
     """The client's labeled/unlabeled tensors, resident on `device`, built once per process:
     its partition of the dataset (simulation) or its own file (deployment)."""
-    key = (own_file or _data_key(cfg), pid, str(device))
+    # a node's own file is keyed by its modification too: a resident worker outlives a run
+    key = (_file_key(own_file) if own_file else _data_key(cfg), pid, str(device))
     if key not in _CLIENTS and own_file:
         a = read_client_file(own_file, cfg["data_meta"])
         _CLIENTS[key] = ClientData(

@@ -1,17 +1,39 @@
 """Flower strategies (message API): weighted averaging with server momentum around the method's
 server side (DMA weights when `dma.enabled`), or Flower's / a user's strategy (`strategy=`)."""
 
-from typing import Any
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fssl.config import choice, clients_per_round
 
-from . import flower, robust
-from .base import RoundRecord, ServerSetup, WeightedAverage
+if TYPE_CHECKING:
+    from .base import RoundRecord, ServerSetup, WeightedAverage
+
+# The strategies load on first use, not with the package: a ClientApp imports strategy.contract
+# (the reply contract) in every process Flower starts for a message, and needs none of them.
+_LAZY = {
+    "RoundRecord": "base",
+    "ServerSetup": "base",
+    "WeightedAverage": "base",
+    "flower": None,
+    "robust": None,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'strategy' has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    return module if _LAZY[name] is None else getattr(module, name)
 
 
 def validate(cfg: dict[str, Any]) -> None:
     """The server's part of a configuration: the robust rule and `strategy` (Flower's or a
     user's). fssl.config checks the rest, the method's parameters included."""
+    from . import flower, robust
+
     choice(cfg, "server.robust.rule", robust.RULES)
     flower.check_choice(cfg)
 
@@ -23,6 +45,9 @@ def make_strategy(
     against the project's clients); `dma.enabled` switches its weights to DMA, `server.*` its update,
     `dp.mode` wraps it in Flower's server-side differential-privacy strategy (`driver`). `setup`:
     what the ServerApp knows of the run (nodes, partition sizes, the loss check's evaluation)."""
+    from . import flower
+    from .base import WeightedAverage
+
     if cfg.get("strategy", {}).get("name", "method") != "method":
         strategy: WeightedAverage = flower.FlowerStrategy(cfg, num_classes, setup)
     else:

@@ -47,6 +47,15 @@ def patch_task_identity(mp: pytest.MonkeyPatch) -> None:
         mp.setattr(TaskIdentity, key, value, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _clients_work_in_the_tests_process(request, monkeypatch):
+    """A ClientApp called directly in a test with a node's own data does the work here: a
+    resident worker's parent would be the test runner's, which outlives the test
+    (tests/test_resident_worker.py starts its workers under a parent it stops)."""
+    if "resident" not in request.keywords:
+        monkeypatch.setattr("client_app.resident.enabled", lambda context: False)
+
+
 @pytest.fixture
 def task_identity(monkeypatch):
     patch_task_identity(monkeypatch)

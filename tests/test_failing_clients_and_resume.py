@@ -143,7 +143,7 @@ def test_fewer_nodes_than_clients_give_the_same_run(baseline, small_npz, tmp_pat
 def test_a_node_with_its_own_data_trains_no_other_partition(task_identity):
     from conftest import make_context
 
-    from client_app.app import partition_of
+    from client_app.work import partition_of
 
     ctx = make_context(pid=1)
     msg = Message(

@@ -74,16 +74,26 @@ NOT_IN_A_CLIENT = (
 )
 
 
-def test_the_client_app_imports_only_what_a_client_needs():
+def loaded_by(module: str) -> set[str]:
+    """The top-level packages a fresh interpreter holds after importing `module`."""
     import subprocess
     import sys
 
     probe = (
-        "import sys, client_app.app\n"
-        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+        f"import sys, {module}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
     )
-    loaded = subprocess.run(
+    out = subprocess.run(
         [sys.executable, "-c", probe], cwd=PROJECT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert "torch" in loaded and "flwr" in loaded  # the probe saw the app's imports
-    assert sorted(set(loaded) & set(NOT_IN_A_CLIENT)) == []
+    ).stdout
+    return set(out.split())
+
+
+def test_the_client_app_imports_only_what_a_client_needs():
+    """Flower starts a process per message: the ClientApp module itself loads Flower and the
+    reply contract, not torch (the work, client_app.work, loads once per resident process)."""
+    app = loaded_by("client_app.app")
+    assert "flwr" in app and "client_app" in app  # the probe saw the app's imports
+    assert sorted(app & {"torch", "torchvision", "scipy", *NOT_IN_A_CLIENT}) == []
+    work = loaded_by("client_app.work")
+    assert "torch" in work and "flwr" in work
+    assert sorted(work & set(NOT_IN_A_CLIENT)) == []

@@ -313,3 +313,22 @@ def test_overhead_floor_only_takes_the_experiments_federation_and_arrays(capsys)
     assert sum(int(np.prod(s)) for s in shapes.values()) > 1_400_000  # WRN-28-2, not the CNN
     assert main(["--floor-only", "--experiment", "nope"]) == 2
     assert "unknown experiment 'nope'" in capsys.readouterr().err
+
+
+def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
+    """`feddb overhead --deployment`: the round's parts from metrics.jsonl records, and each
+    app's round against Flower's echo floor, the nodes without resident workers too."""
+    from feddb.deployoverhead import SKIP, report, where
+
+    client = {"setup_seconds": 0.1, "train_seconds": 0.5, "reply_seconds": 0.1}
+    records = [{"round_seconds": 9.0, "clients": [client]}] * SKIP + [
+        {"round_seconds": 4.0, "clients": [client, {**client, "train_seconds": 1.0}]}
+    ] * 3
+    part = where(records)
+    assert part["round"] == 4.0 and part["train_seconds"] == 1.0
+    assert part["rest"] == pytest.approx(4.0 - 1.2)
+    res = {"nodes": 3, "rounds": 8, "floor": 2.0, "null": part, "training": {"round": 5.0}}
+    text = report({**res, "null_own_process": {"round": 6.0}})
+    assert "(2.00x the floor)" in text and "(2.50x the floor)" in text
+    assert "resident=false:       6.00 s a round (3.00x the floor" in text
+    assert "resident=false" not in report(res)

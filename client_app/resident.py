@@ -1,0 +1,224 @@
+"""A deployed node's resident worker: one long-lived process per SuperNode that keeps torch, the
+model and the node's data loaded, so that the process Flower starts for every message (the
+ClientApp, client_app/app.py) only relays the message to it.
+
+Flower 1.41 runs each message a SuperNode receives in a fresh `flwr-clientapp` process. Importing
+torch, building the model, reading the node's data and warming the kernels took most of a
+deployment round's time beyond Flower's own (docs/speed.md, "A deployment round against Flower's
+floor"); a simulation pays them once per worker process. Here the first message of a node starts
+the worker (`python -m client_app.resident`, from the same installed app), later ones reuse it.
+
+- One worker per SuperNode and app: its Unix socket is named after the installed app's directory
+  (the FAB's hash is in it), the process that started the ClientApp (the SuperNode's executor)
+  and the node's data file, in a directory only this user can open (mode 0700).
+- It lives while that process lives and at most IDLE_SECONDS between messages, then removes its
+  socket; a message that finds no live worker starts one.
+- Nothing crosses a network: the relay and the worker are processes of the same user on the same
+  machine, and the node's TLS connection, authentication and the server's checks of its replies
+  are Flower's and the project's as before. The worker runs the ClientApp's own code
+  (client_app/work.py) on the same Message and Context, so a reply is the one the ClientApp would
+  have made itself (tests/test_resident_worker.py); an exception in it is raised in the ClientApp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+IDLE_SECONDS = 600.0  # a worker with no message for this long exits
+START_SECONDS = 120.0  # a worker must answer within this after it is started
+OFF = {"0", "false", "no", "off"}
+HEADER = struct.Struct("!Q")
+
+
+def enabled(context: Any) -> bool:
+    """A node with its own data (a deployment) uses its resident worker unless its operator set
+    `--node-config "resident=false"`; a simulation's clients never do."""
+    config = context.node_config
+    return bool(config.get("data-path")) and str(config.get("resident", "true")).lower() not in OFF
+
+
+def app_root() -> Path:
+    """The directory that holds client_app/: the installed app's (the FAB's) or the project's."""
+    return Path(__file__).resolve().parents[1]
+
+
+def runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / f"feddb-resident-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"{path} must belong to this user and be closed to others (chmod 700 {path}), or "
+            'start the SuperNode with --node-config "resident=false"'
+        )
+    return path
+
+
+def socket_path(context: Any, parent: int | None = None) -> Path:
+    """The worker's socket for this app, node (its executor `parent`) and data file."""
+    parent = os.getppid() if parent is None else parent
+    key = f"{app_root()}|{parent}|{context.node_config.get('data-path')}"
+    return runtime_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.sock"
+
+
+def send(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(HEADER.pack(len(data)) + data)
+
+
+def recv(sock: socket.socket) -> Any:
+    (size,) = HEADER.unpack(_exactly(sock, HEADER.size))
+    return pickle.loads(_exactly(sock, size))  # noqa: S301 - a process of this user, 0700 socket
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ConnectionError("the resident worker closed the connection")
+        got += n
+    return bytes(buf)
+
+
+def connect(path: Path) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def forward(kind: str, msg: Any, context: Any, parent: int | None = None) -> Any:
+    """Have the node's worker handle the message (starting it if none answers); the reply. The
+    worker's updated `context.state` (what a method keeps between rounds) comes back into
+    `context`. A worker that goes away before it answers (it reached its idle limit as the
+    message came) is started again, once."""
+    path = socket_path(context, parent)
+    for attempt in (1, 2):
+        sock = connect(path) or start(path, os.getppid() if parent is None else parent)
+        try:
+            with sock:
+                send(sock, (kind, msg, context))
+                ok, reply, state = recv(sock)
+        except ConnectionError:
+            if attempt == 2:
+                raise
+            continue
+        if not ok:
+            raise reply
+        context.state = state
+        return reply
+    raise AssertionError("unreachable")
+
+
+def start(path: Path, parent: int) -> socket.socket:
+    """Start the worker for `path` (one at a time: a lock beside the socket) and connect."""
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sock = connect(path)  # another message started it while this one waited
+        if sock is not None:
+            return sock
+        root = str(app_root())
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        log = path.with_suffix(".log")
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "client_app.resident", str(path), str(parent)],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # outlives this message's process
+            )
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            sock = connect(path)
+            if sock is not None:
+                return sock
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the node's resident worker exited with code {proc.returncode} before it "
+                    f"answered; its log: {log}"
+                )
+            time.sleep(0.02)
+        proc.kill()
+        raise TimeoutError(f"the node's resident worker did not answer in {START_SECONDS:.0f} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(path: Path, parent: int, idle: float = IDLE_SECONDS) -> None:
+    """The worker: answer messages on `path` one at a time while `parent` lives and messages come
+    at most `idle` seconds apart; then remove the socket."""
+    from client_app import work  # torch, the methods: once for the node's life
+
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chmod(path, 0o600)
+    server.listen(8)
+    server.settimeout(1.0)
+    last = time.monotonic()
+    try:
+        while alive(parent) and time.monotonic() - last < idle:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(None)
+                answer(conn, work.HANDLERS)
+            last = time.monotonic()
+    finally:
+        server.close()
+        path.unlink(missing_ok=True)
+
+
+def answer(conn: socket.socket, handlers: dict) -> None:
+    try:
+        kind, msg, context = recv(conn)
+    except (ConnectionError, EOFError, pickle.UnpicklingError):
+        return
+    try:
+        out = (True, handlers[kind](msg, context), context.state)
+    except Exception as err:  # noqa: BLE001 - raised again in the ClientApp
+        traceback.print_exc()
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001 - an exception that cannot cross as itself
+            err = RuntimeError(f"{type(err).__name__}: {err}")
+        out = (False, err, None)
+    with contextlib.suppress(OSError):  # the ClientApp is gone (Flower stopped it)
+        send(conn, out)
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), int(sys.argv[2]))

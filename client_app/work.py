@@ -1,0 +1,140 @@
+"""The ClientApp's work: local semi-supervised training per method, APP-U shipped in the train
+reply, and the evaluation of a received model on the client's labeled data.
+
+The server sends the resolved configuration (JSON, with the dataset's classes, channels and
+normalisation) with every instruction, so clients need no Hydra. In simulation a client takes its
+partition of the dataset through `node_config["partition-id"]`; in deployment `node_config["data-path"]`
+names its own file (written by `feddb deploy export`) and it never sees other clients'
+data. Either way the data stays resident on the training device for the life of the process that
+runs this module: a simulation's worker, or a deployed node's resident worker (client_app/resident.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from client_app.attacks import apply_attack, attack_of
+from fssl.methods import is_path, make_trainer
+from fssl.profiling import profiled
+from fssl.runtime import client_data_for, keep_freed_memory, model_for
+from fssl.train import client_seed, resolve_device
+from fssl.train import evaluate as evaluate_model
+from strategy import contract
+from strategy.contract import arrays_to_torch
+
+keep_freed_memory()  # once per process: batches reuse freed memory
+
+
+def _setup(msg: Message, context: Context):
+    cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
+    check_user_method(cfg["method"]["trainer"], context)
+    meta = cfg["data_meta"]  # filled in by the ServerApp from its dataset
+    device = resolve_device(cfg["device"])
+    model = model_for(cfg, device)
+    model.load_state_dict(arrays_to_torch(msg.content["arrays"]))
+    own_file = context.node_config.get("data-path")  # deployment: this client's data only
+    pid = partition_of(msg, context, bool(own_file))
+    data = client_data_for(cfg, pid, device, str(own_file) if own_file else None)
+    return cfg, pid, meta, data, model
+
+
+def check_user_method(spec: str, context: Context) -> None:
+    """A method loaded by path runs code from this machine's disk that the installed app does
+    not hold: a SuperNode with its own data (a deployment) runs one only where its operator
+    allowed it, `--node-config "allow-methods='<spec>'"` (several: comma-separated; '*': any)."""
+    if not is_path(spec) or not context.node_config.get("data-path"):
+        return
+    allowed = str(context.node_config.get("allow-methods", ""))
+    if allowed != "*" and spec not in [a.strip() for a in allowed.split(",")]:
+        raise PermissionError(
+            f"method '{spec}' is loaded by path, and this node allows none (node_config "
+            "allow-methods): start it with --node-config \"allow-methods='<spec>'\" to allow it"
+        )
+
+
+def partition_of(msg: Message, context: Context, own_data: bool) -> int:
+    """The partition to train: the one the instruction names (simulation with fewer SuperNodes
+    than clients trains any partition of the shared dataset), else the node's own. A node with
+    its own data file trains only that."""
+    node_pid = int(context.node_config["partition-id"])
+    config = msg.content.config_records.get("config")
+    sent = config.get(contract.PARTITION) if config is not None else None
+    if sent is None:
+        return node_pid
+    if own_data and int(sent) != node_pid:
+        raise ValueError(
+            f"this node holds only partition {node_pid}'s data (node_config "
+            f"data-path) but was sent partition {sent}"
+        )
+    return int(sent)
+
+
+@profiled("client")
+def train(msg: Message, context: Context) -> Message:
+    t0 = time.perf_counter()
+    cfg, pid, meta, data, model = _setup(msg, context)
+    setup_seconds = time.perf_counter() - t0  # config, model, received state, data
+    conf = msg.content["config"]
+    server_round = int(conf[contract.ROUND])
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
+    received = {  # what the method's server side sent besides the global model
+        name: arrays_to_torch(record)
+        for name, record in msg.content.array_records.items()
+        if name != "arrays"
+    }
+    prior = conf.get(contract.GLOBAL_PRIOR)  # dpl_prior=global
+    metrics = trainer.fit(
+        model,
+        data,
+        float(conf[contract.LR]),
+        client_seed(cfg["seed"], server_round, pid),
+        received,
+        kept_state(context, pid),
+        float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
+        float(conf.get(contract.PROXIMAL_MU, 0.0)),  # FedProx (strategy=fedprox)
+        list(prior) if prior is not None else None,
+    )
+    for name, tensors in trainer.client_state().items():  # a node may train several
+        context.state[f"{name}-{pid}"] = ArrayRecord(tensors)  # partitions: one slot each
+    metrics["partition_id"] = pid
+    metrics["setup_seconds"] = setup_seconds
+    t0 = time.perf_counter()
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    attack = attack_of(context.node_config)  # tests and the attack benchmark only
+    if attack:
+        state, metrics = apply_attack(
+            attack, arrays_to_torch(msg.content["arrays"]), state, metrics
+        )
+    arrays = ArrayRecord(state)
+    metrics["reply_seconds"] = time.perf_counter() - t0  # the state into the reply
+    return contract.train_reply(msg, arrays, metrics)
+
+
+def kept_state(context: Context, pid: int) -> dict:
+    """What the method kept for partition `pid` after its last round on this node, by name (the
+    slots `<name>-<pid>` of Flower's context.state, which lives as long as the node)."""
+    suffix = f"-{pid}"
+    return {
+        key[: -len(suffix)]: record.to_torch_state_dict()
+        for key, record in context.state.array_records.items()
+        if key.endswith(suffix)
+    }
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy of the received model on the client's labeled data."""
+    cfg, pid, meta, data, model = _setup(msg, context)
+    loss, acc, _, _ = evaluate_model(
+        model, data.x_l, data.y_l, meta["mean"], meta["std"], cfg["eval"]["batch_size"]
+    )
+    metrics = MetricRecord(
+        {"eval_loss": loss, "eval_accuracy": acc, "num-examples": int(len(data.y_l))}
+    )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+HANDLERS: dict[str, Callable[[Message, Context], Message]] = {"train": train, "evaluate": evaluate}
