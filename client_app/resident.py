@@ -199,7 +199,11 @@ def serve(path: Path, parent: int, idle: float = IDLE_SECONDS) -> None:
             last = time.monotonic()
     finally:
         server.close()
-        path.unlink(missing_ok=True)
+        path.with_suffix(".lock").unlink(missing_ok=True)
+        log = path.with_suffix(".log")
+        if log.exists() and log.stat().st_size == 0:  # a log with something in it stays
+            log.unlink()
+        path.unlink(missing_ok=True)  # last: a socket gone means the worker has cleaned up
 
 
 def answer(conn: socket.socket, handlers: dict) -> None:

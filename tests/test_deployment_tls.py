@@ -194,11 +194,12 @@ def test_killed_supernode_does_not_end_the_run(tmp_path):
     out = tmp_path / "run"
     # killed once round 1 is recorded (a fixed delay raced the run: on a fast machine both rounds
     # had ended first); round 2's instructions may already be out, so it may still answer those;
-    # 60 s: round 1 includes each SuperNode's cold start (20 s timed out under load once; 30 s
-    # timed out every time on a 2-core AMD EPYC, 2026-11-26, the machine otherwise idle)
+    # 90 s: round 1 includes each SuperNode's cold start, its resident worker's too (20 s timed
+    # out under load once; 30 s timed out every time on a 2-core AMD EPYC, 2026-11-26, the
+    # machine otherwise idle; 60 s once with a sweep beside it, 2026-11-27)
     res = deploy(
         tmp_path,
-        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=60'",
+        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=90'",
         "--kill-node-after-round",
         "1",
     )

@@ -46,6 +46,7 @@ def node(tmp_path, monkeypatch, small_npz):
     while any(s.exists() for s in sockets) and time.monotonic() < deadline:
         time.sleep(0.1)  # each worker sees its parent gone within a second
     assert not any(s.exists() for s in sockets), "a resident worker outlived its parent"
+    assert not list(Path(runtime).rglob("*.lock"))  # nothing left behind but a log with text
 
 
 def without_timing(metrics) -> dict:
