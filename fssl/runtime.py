@@ -91,7 +91,10 @@ _CLIENTS: dict[tuple, ClientData] = {}
 
 
 def _file_key(path: str) -> str:
-    info = os.stat(path)
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path  # read_client_file says what is wrong with it
     return f"{path}|{info.st_mtime_ns}|{info.st_size}"
 
 
