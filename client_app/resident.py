@@ -40,6 +40,7 @@ from typing import Any
 IDLE_SECONDS = 600.0  # a worker with no message for this long exits
 START_SECONDS = 120.0  # a worker must answer within this after it is started
 OFF = {"0", "false", "no", "off"}
+ON = {"1", "true", "yes", "on"}
 HEADER = struct.Struct("!Q")
 
 
@@ -47,7 +48,13 @@ def enabled(context: Any) -> bool:
     """A node with its own data (a deployment) uses its resident worker unless its operator set
     `--node-config "resident=false"`; a simulation's clients never do."""
     config = context.node_config
-    return bool(config.get("data-path")) and str(config.get("resident", "true")).lower() not in OFF
+    value = str(config.get("resident", "true")).lower()
+    if value not in ON | OFF:
+        raise ValueError(
+            f"node_config resident={config['resident']!r}: use true or false "
+            '(--node-config "resident=false" does each message\'s work in its own process)'
+        )
+    return bool(config.get("data-path")) and value in ON
 
 
 def app_root() -> Path:
@@ -112,21 +119,21 @@ def forward(kind: str, msg: Any, context: Any, parent: int | None = None) -> Any
     `context`. A worker that goes away before it answers (it reached its idle limit as the
     message came) is started again, once."""
     path = socket_path(context, parent)
-    for attempt in (1, 2):
-        sock = connect(path) or start(path, os.getppid() if parent is None else parent)
-        try:
-            with sock:
-                send(sock, (kind, msg, context))
-                ok, reply, state = recv(sock)
-        except ConnectionError:
-            if attempt == 2:
-                raise
-            continue
-        if not ok:
-            raise reply
-        context.state = state
-        return reply
-    raise AssertionError("unreachable")
+    parent = os.getppid() if parent is None else parent
+    try:
+        ok, reply, state = ask(connect(path) or start(path, parent), (kind, msg, context))
+    except ConnectionError:
+        ok, reply, state = ask(start(path, parent), (kind, msg, context))
+    if not ok:
+        raise reply
+    context.state = state
+    return reply
+
+
+def ask(sock: socket.socket, request: Any) -> Any:
+    with sock:
+        send(sock, request)
+        return recv(sock)
 
 
 def start(path: Path, parent: int) -> socket.socket:

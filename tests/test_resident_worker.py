@@ -119,6 +119,9 @@ def test_a_simulated_client_and_an_opted_out_node_do_the_work_themselves():
     for off in ("false", "0", "off", False):
         ctx.node_config["resident"] = off
         assert not resident.enabled(ctx)
+    ctx.node_config["resident"] = "flase"  # a typo is an error, not a silent default
+    with pytest.raises(ValueError, match="resident='flase': use true or false"):
+        resident.enabled(ctx)
 
 
 def test_a_runtime_directory_open_to_others_is_refused(tmp_path, monkeypatch):
