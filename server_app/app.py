@@ -28,7 +28,7 @@ from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_fo
 from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
-from strategy.contract import arrays_to_numpy, numpy_to_arrays, parse_node_info
+from strategy.contract import ReplyError, arrays_to_numpy, numpy_to_arrays, parse_node_info
 
 from .config import resolve
 from .recorder import RoundRecorder
@@ -56,42 +56,59 @@ def query_nodes(
     nodes: list[int],
     timeout: float,
     timeline: Timeline | None = None,
-    at_least: float = 60.0,
+    at_least: float = 30.0,
 ) -> dict[int, dict[str, int]]:
     """Ask each node its partition id and whether it holds its own data file (and, for the
-    start-up timeline, when its process started and imported the ClientApp). A node the
-    SuperLink reports unavailable (its heartbeat late: reconnecting after a SuperLink restart) is
-    asked again until the time is up."""
+    start-up timeline, when its process started and imported the ClientApp). A node that does
+    not answer well (the SuperLink reports it unavailable while it reconnects after a SuperLink
+    restart, or its reply is missing or malformed: replies are untrusted) is asked again until
+    the time is up; then, or at once where its ClientApp failed, the node's reason ends the run."""
     deadline = time.monotonic() + max(timeout, at_least)
     info: dict[int, dict[str, int]] = {}
     started: list[float | None] = []
     imported: list[float] = []
     pending = list(nodes)
     while pending:
-        msgs = [
-            Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in pending
-        ]
-        failed: list[tuple[int, str]] = []
-        for reply in grid.send_and_receive(msgs, timeout=max(1.0, deadline - time.monotonic())):
-            if reply.has_error():
-                failed.append((reply.metadata.src_node_id, reply.error.reason))
+        failed: dict[int, str] = {}
+        for node, reply in ask_nodes(grid, pending, max(1.0, deadline - time.monotonic())):
+            try:
+                if reply is None:
+                    raise ReplyError("no reply before the time was up")
+                if reply.has_error() and "unavailable" not in reply.error.reason.lower():
+                    # Its ClientApp failed: asking again would fail again.
+                    raise NodeError(
+                        f"node {node} failed to report its partition: {reply.error.reason}"
+                    )
+                if reply.has_error():
+                    raise ReplyError(reply.error.reason)
+                rec = parse_node_info(reply)
+            except ReplyError as err:
+                failed[node] = str(err)
                 continue
-            rec = parse_node_info(reply)
-            info[reply.metadata.src_node_id] = {"pid": rec["pid"], "own-data": rec["own-data"]}
+            info[node] = {"pid": rec["pid"], "own-data": rec["own-data"]}
             if timeline is not None and rec["imported-at"]:
                 started.append(rec["process-start"] or None)
                 imported.append(rec["imported-at"])
-        retry = all("unavailable" in reason.lower() for _, reason in failed)
-        if failed and (not retry or time.monotonic() + 2.0 > deadline):
-            node, reason = failed[0]
+        if failed and time.monotonic() + 2.0 > deadline:
+            node, reason = next(iter(failed.items()))
             raise NodeError(f"node {node} failed to report its partition: {reason}")
-        pending = [node for node, _ in failed]
+        pending = list(failed)
         if pending:
             time.sleep(2.0)
     if timeline is not None and imported:
         timeline.marks["client_process_start"] = min((t for t in started if t), default=None)
         timeline.marks["client_app_imported"] = max(imported)
     return info
+
+
+def ask_nodes(grid: Grid, nodes: list[int], timeout: float) -> list[tuple[int, Message | None]]:
+    """Each node with its reply to a start-up query (None: none came). Replies are matched by
+    the message they answer, not by their source: a reply whose objects could not be pulled
+    comes back from Flower as an error with the server's own node id as its source."""
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=timeout))
+    by_query = {r.metadata.reply_to_message_id: r for r in replies}
+    return [(m.metadata.dst_node_id, by_query.get(m.metadata.message_id)) for m in msgs]
 
 
 def bind_partitions(

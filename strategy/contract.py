@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 # Instruction config keys (server -> client), besides the global arrays.
 ROUND = "server-round"
@@ -89,13 +89,18 @@ def node_info_reply(query: Message, info: dict[str, Any]) -> Message:
 def parse_node_info(reply: Message) -> dict[str, Any]:
     """A node's answer to the start-up query: its partition, whether it holds its own data file,
     and when its process started and imported the ClientApp (0 when unknown)."""
-    rec = reply.content["info"]
-    return {
-        "pid": int(rec["partition-id"]),
-        "own-data": int(rec.get("own-data", 0)),
-        "process-start": float(rec.get("process-start", 0.0)),
-        "imported-at": float(rec.get("imported-at", 0.0)),
-    }
+    rec = reply.content.get("info")
+    if not isinstance(rec, (MetricRecord, ConfigRecord)) or "partition-id" not in rec:
+        raise ReplyError("the reply lacks the 'info' record with its 'partition-id'")
+    try:
+        return {
+            "pid": int(rec["partition-id"]),
+            "own-data": int(rec.get("own-data", 0)),
+            "process-start": float(rec.get("process-start", 0.0)),
+            "imported-at": float(rec.get("imported-at", 0.0)),
+        }
+    except (TypeError, ValueError) as err:
+        raise ReplyError(f"the reply's 'info' record is malformed: {err}") from None
 
 
 def parse_train_reply(

@@ -434,6 +434,7 @@ def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
         def send_and_receive(self, msgs, timeout):
             out = []
             for m in msgs:
+                m.metadata.__dict__["_message_id"] = f"q{m.metadata.dst_node_id}"
                 pid, own = answers[m.metadata.dst_node_id]
                 rec = RecordDict({"info": Config({"partition-id": pid, "own-data": own})})
                 reply = Message(content=rec, reply_to=m)
@@ -450,3 +451,53 @@ def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
     strategy = Strategy()
     assert rebind_joined_nodes(Grid(), strategy, 3) == [0]
     assert strategy.node_of == {0: 21, 1: 11, 2: 12} and strategy.pids_on[21] == [0]
+
+
+def test_the_partition_query_asks_again_a_node_whose_answer_was_lost_or_malformed():
+    """Replies are untrusted and, after a SuperLink restart, may arrive without their content or
+    as Flower's 'objects unavailable' error, whose source is the server's own node id: the node
+    that was asked is asked again (not the source), and one that never answers well ends the run
+    with a line naming it and what was wrong, not a KeyError."""
+    from flwr.app import ConfigRecord as Config
+    from flwr.app import Error
+
+    from server_app.app import NodeError, query_nodes
+
+    class Grid:
+        def __init__(self, script):
+            self.script, self.asked = script, []
+
+        def send_and_receive(self, msgs, timeout):
+            out = []
+            for m in msgs:
+                node = m.metadata.dst_node_id
+                m.metadata.__dict__["_message_id"] = f"q{node}-{len(self.asked)}"
+                self.asked.append(node)
+                kind = (
+                    self.script[node].pop(0) if len(self.script[node]) > 1 else self.script[node][0]
+                )
+                if kind == "lost":  # as Flower's grid makes it: the server as the source
+                    reply = Message(
+                        Error(code=0, reason="Reply message objects are unavailable"), reply_to=m
+                    )
+                    reply.metadata.__dict__["_src_node_id"] = 0
+                else:
+                    content = (
+                        RecordDict()
+                        if kind == "empty"
+                        else RecordDict(
+                            {"info": Config({"partition-id": node - 10, "own-data": 1})}
+                        )
+                    )
+                    reply = Message(content=content, reply_to=m)
+                    reply.metadata.__dict__["_src_node_id"] = node
+                out.append(reply)
+            return out
+
+    grid = Grid({10: ["empty", "ok"], 11: ["lost", "ok"], 12: ["ok"]})
+    info = query_nodes(grid, [10, 11, 12], timeout=10.0, at_least=10.0)
+    assert {n: v["pid"] for n, v in info.items()} == {10: 0, 11: 1, 12: 2}
+    assert sorted(grid.asked) == [10, 10, 11, 11, 12]
+
+    with pytest.raises(NodeError, match="node 10 failed to report its partition: .*'info'"):
+        query_nodes(Grid({10: ["empty"]}), [10], timeout=1.0, at_least=1.0)
