@@ -108,10 +108,13 @@ class LocalGrid(Grid):
         return [r for r in replies if r is not None]
 
     def instruction(self, msg: Message) -> Message:
-        return Message(
+        ins = Message(
             content=msg.content,
             metadata=make_metadata(msg.metadata.message_type, src=0, dst=msg.metadata.dst_node_id),
         )
+        # As Flower's grids do: the sent message learns its id, which its reply answers.
+        msg.metadata.__dict__["_message_id"] = ins.metadata.message_id
+        return ins
 
     def answer(self, ins: Message) -> Message | None:
         """The ClientApp's reply (an error reply if it raised), passed through the hook."""
