@@ -107,6 +107,7 @@ class WeightedAverage(FedAvg):
         self.server_arrays: dict[str, np.ndarray] | None = None
         self.momentum_buffer: dict[str, np.ndarray] = {}
         self.round_record = RoundRecord(round=0, sampled=[], lr=self.lr_for(0))
+        self.train_sent: list[Message] = []  # the round's train instructions
         self.driver: Any = self  # what the round loop calls: this, or a Flower wrapper (DP)
 
     @property
@@ -245,9 +246,12 @@ class WeightedAverage(FedAvg):
         self.global_arrays = arrays_to_numpy(arrays)
         pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
         self.begin_round(server_round, pids)
-        return self._messages(
+        # kept: once pushed, each carries its message id, which its reply (an error made by the
+        # SuperLink for a node gone silent included) answers
+        self.train_sent = self._messages(
             pids, arrays, self.round_config(server_round, config), MessageType.TRAIN
         )
+        return self.train_sent
 
     def begin_round(self, server_round: int, sampled: list[int]) -> RoundRecord:
         """A fresh record for the round whose instructions go out now."""
@@ -341,6 +345,14 @@ class WeightedAverage(FedAvg):
             return sizes / max(sizes.sum(), 1.0), {}
         return np.full(n, 1.0 / n), {}
 
+    def instructed(self) -> dict[str, tuple[int, int]]:
+        """Message id -> (partition, node) of the round's train instructions once pushed."""
+        out = {}
+        for m in self.train_sent:
+            config = m.content.config_records["config"]
+            out[m.metadata.message_id] = (int(config[contract.PARTITION]), m.metadata.dst_node_id)
+        return out
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -369,17 +381,23 @@ class WeightedAverage(FedAvg):
                     )
                 parsed.append(reply)
             except ReplyError as err:
-                bad.append((msg.metadata.src_node_id, str(err)))
+                bad.append((msg, str(err)))
         answered = {p["metrics"]["partition_id"] for p in parsed}
-        for node, reason in bad:  # charged to a sampled partition of that node
-            pid = next(
-                (
-                    q
-                    for q in self.pids_on.get(node, [])
-                    if q not in answered and (not sampled or q in sampled)
-                ),
-                None,
-            )
+        instructed = self.instructed()
+        for msg, reason in bad:
+            # charged to the partition whose instruction it answers: a SuperLink's own error
+            # reply has the SuperLink, not the node, as its source
+            pid, node = instructed.get(msg.metadata.reply_to_message_id, (None, None))
+            if pid is None or pid in answered:  # else to a sampled partition of its source
+                node = msg.metadata.src_node_id
+                pid = next(
+                    (
+                        q
+                        for q in self.pids_on.get(node, [])
+                        if q not in answered and (not sampled or q in sampled)
+                    ),
+                    None,
+                )
             answered.add(pid)
             failures.append({"partition_id": pid, "node_id": node, "reason": reason})
         for pid in sampled:

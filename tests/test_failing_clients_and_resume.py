@@ -270,6 +270,28 @@ def test_a_raising_client_does_not_end_the_run(small_npz, tmp_path):
         assert "RuntimeError: boom" in r["failures"][0]["reason"] and len(r["clients"]) == 5
 
 
+def test_the_superlinks_error_for_a_silent_node_is_charged_to_that_nodes_partition(
+    small_npz, tmp_path
+):
+    """Flower's SuperLink answers an instruction to a node that stopped sending heartbeats with
+    an error reply of its own, whose source is not that node: the failure is charged to the
+    partition the instruction was for, once, and no second 'no reply' is made up for it."""
+    from flwr.app import Error
+
+    def silent_partition_0(ins, ctx, reply):
+        if ctx.node_config["partition-id"] != 0 or round_of(ins) != 2:
+            return reply
+        err = Message(Error(code=0, reason="Node Unavailable"), reply_to=ins)
+        err.metadata.__dict__["_src_node_id"] = 1  # the SuperLink's own
+        return err
+
+    recs = records(run_server(tmp_path / "silent", small_npz, silent_partition_0, fraction=1.0))
+    assert [f["partition_id"] for f in recs[1]["failures"]] == [0]
+    assert "Node Unavailable" in recs[1]["failures"][0]["reason"]
+    assert recs[1]["failures"][0]["node_id"] not in (None, 1)
+    assert all(not r["failures"] for i, r in enumerate(recs) if i != 1)
+
+
 def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_path):
     def drop_all_round_2(ins, ctx, reply):
         return None if round_of(ins) == 2 and "arrays" in reply.content else reply
