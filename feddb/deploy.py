@@ -230,7 +230,9 @@ class LocalDeployment:
         """`extra_config`/`env_extra`: more node_config and environment (the attack test).
         `patient`: a node restarted during a run keeps trying to connect for up to 3 min (the
         SuperLink refuses an authenticated node's key until it has expired the node's old
-        session, 2 x 30 s of missed heartbeats), where a first start gives up after 20 s."""
+        session, 2 x 30 s of missed heartbeats), where a first start gives up after 60 s
+        without the SuperLink: enough to outlast its restart (three tries, 3 s, were not: a
+        node gave up while the restarted SuperLink was still starting)."""
         extra = " ".join(e for e in (self.node_extra, extra_config) if e)
         node_config = f"partition-id={pid} num-partitions={num}" + (f" {extra}" if extra else "")
         if data_file is not None:
@@ -243,11 +245,8 @@ class LocalDeployment:
             str(free_port()),
             "--node-config",
             node_config,
-            *(
-                ["--max-wait-time", "180"]
-                if patient
-                else ["--max-retries", "3", "--max-wait-time", "20"]
-            ),
+            "--max-wait-time",
+            "180" if patient else "60",
         ]
         if self.insecure:
             cmd.append("--insecure")
@@ -352,12 +351,14 @@ def run_local(
     churn_every: tuple[float, float] = (8.0, 20.0),
     churn_down: tuple[float, float] = (4.0, 12.0),
     churn_kills: int | None = None,
+    churn_after_round: int | None = None,
     restart_after_round: int | None = None,
 ) -> int:
     """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code.
     `churn`: a seed; SuperNodes are then killed and restarted at random times (Churn)."""
     for flag, value in (
         ("--kill-node-after-round", kill_after_round),
+        ("--churn-after-round", churn_after_round),
         ("--restart-superlink-after-round", restart_after_round),
     ):
         if value is not None and not run_config.get("output-dir"):
@@ -389,6 +390,7 @@ def run_local(
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
         chaos = None
+        metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
         if churn is not None:
             chaos = Churn(
                 dep,
@@ -400,9 +402,9 @@ def run_local(
                 churn_every,
                 churn_down,
                 max_kills=churn_kills,
+                after_round=None if churn_after_round is None else (churn_after_round, metrics),
             )
             chaos.start()
-        metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
         status = dep.follow(
             run_id,
             kill_node_after,
@@ -468,6 +470,7 @@ class Churn:
         every: tuple[float, float] = (8.0, 20.0),
         down: tuple[float, float] = (4.0, 12.0),
         max_kills: int | None = None,
+        after_round: tuple[int, Path] | None = None,
     ) -> None:
         import random
         import threading
@@ -478,7 +481,7 @@ class Churn:
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.kills, self.restarts, self.peak, self.first = 0, 0, {}, {}
         self.restarted: set[int] = set()
-        self.max_kills = max_kills
+        self.max_kills, self.after_round = max_kills, after_round
 
     def start(self) -> None:
         self.log.write_text("")
@@ -531,7 +534,19 @@ class Churn:
         self.dep.start_supernode(i, self.nodes, self.data_files[i], key, patient=True)
         self.restarted.add(i)
 
+    def recorded(self) -> int:
+        """Rounds the run has recorded so far (lines of its metrics.jsonl)."""
+        try:
+            return len(self.after_round[1].read_text().splitlines())
+        except OSError:
+            return 0
+
     def loop(self) -> None:
+        # `after_round`: no kill before round N is recorded, so that a short drill does not
+        # depend on how long this machine takes to start the run
+        while self.after_round is not None and self.recorded() < self.after_round[0]:
+            if self.wait(1.0):
+                return
         while not self.wait(self.rng.uniform(*self.every)):
             if self.max_kills is not None and self.kills >= self.max_kills:
                 self.wait(1e9)  # memory is still sampled until the run ends
@@ -625,6 +640,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     lo.add_argument("--churn-kills", type=int, default=None, help="at most this many kills")
     lo.add_argument(
+        "--churn-after-round",
+        type=int,
+        default=None,
+        metavar="N",
+        help="no kill before round N is recorded (needs output-dir in --run-config)",
+    )
+    lo.add_argument(
         "--restart-superlink-after-round",
         type=int,
         default=None,
@@ -664,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             span(args.churn_every, "--churn-every"),
             span(args.churn_down, "--churn-down"),
             args.churn_kills,
+            args.churn_after_round,
             args.restart_superlink_after_round,
         )
     except (ConfigError, DataError, ValueError) as err:
