@@ -45,7 +45,11 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds (node ids are random per run)."""
+    """Tell the server which partition this node holds (node ids are random per run). The
+    query comes before round 1: a deployed node starts its resident worker now, so that round 1
+    does not wait for its imports."""
+    if resident.enabled(context):
+        resident.prestart(context)
     return contract.node_info_reply(
         msg,
         {

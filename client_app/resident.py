@@ -136,50 +136,96 @@ def ask(sock: socket.socket, request: Any) -> Any:
         return recv(sock)
 
 
+def prestart(context: Any, parent: int | None = None) -> None:
+    """Start the node's worker without waiting for it (the run's node-binding query comes before
+    round 1: round 1 then finds torch, the methods and the CUDA context loaded). Nothing happens
+    where a worker answers or is starting."""
+    path = socket_path(context, parent)
+    parent = os.getppid() if parent is None else parent
+    sock = connect(path)
+    if sock is not None:
+        sock.close()
+        return
+    with open(path.with_suffix(".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a message is starting it
+            return
+        if starting(path) is None:
+            spawn(path, parent)
+
+
 def start(path: Path, parent: int) -> socket.socket:
-    """Start the worker for `path` (one at a time: a lock beside the socket) and connect."""
+    """Start the worker for `path`, or wait for the one starting (one at a time: a lock beside
+    the socket, the starting worker's pid in a file beside it), and connect."""
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         sock = connect(path)  # another message started it while this one waited
         if sock is not None:
             return sock
-        root = str(app_root())
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        pid = starting(path)
+        proc = spawn(path, parent) if pid is None else None
+        pid = proc.pid if proc is not None else pid
         log = path.with_suffix(".log")
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "client_app.resident", str(path), str(parent)],
-                cwd=root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,  # outlives this message's process
-            )
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             sock = connect(path)
             if sock is not None:
                 return sock
-            if proc.poll() is not None:
+            if (proc.poll() is not None) if proc is not None else not alive(pid):
+                code = proc.returncode if proc is not None else "unknown"
                 raise RuntimeError(
-                    f"the node's resident worker exited with code {proc.returncode} before it "
-                    f"answered; its log: {log}"
+                    f"the node's resident worker exited with code {code} before it answered; "
+                    f"its log: {log}"
                 )
             time.sleep(0.02)
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
         raise TimeoutError(f"the node's resident worker did not answer in {START_SECONDS:.0f} s")
 
 
+def spawn(path: Path, parent: int) -> subprocess.Popen:
+    """The worker process for `path`, its pid written beside the socket (the caller holds the
+    lock)."""
+    root = str(app_root())
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    with open(path.with_suffix(".log"), "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "client_app.resident", str(path), str(parent)],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,  # outlives this message's process
+        )
+    path.with_suffix(".pid").write_text(str(proc.pid))
+    return proc
+
+
+def starting(path: Path) -> int | None:
+    """The pid of a worker started for `path` that is still alive (it may not answer yet)."""
+    try:
+        pid = int(path.with_suffix(".pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if alive(pid) else None
+
+
 def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: os.kill's answer
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def serve(path: Path, parent: int, idle: float = IDLE_SECONDS) -> None:
@@ -206,6 +252,7 @@ def serve(path: Path, parent: int, idle: float = IDLE_SECONDS) -> None:
             last = time.monotonic()
     finally:
         server.close()
+        path.with_suffix(".pid").unlink(missing_ok=True)
         path.with_suffix(".lock").unlink(missing_ok=True)
         log = path.with_suffix(".log")
         if log.exists() and log.stat().st_size == 0:  # a log with something in it stays

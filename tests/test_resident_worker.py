@@ -85,6 +85,33 @@ def test_the_workers_reply_and_kept_state_are_the_clientapps_own(node, monkeypat
     assert any(key.endswith("-2") for key in ctx.state.array_records)  # FlexMatch's counts
 
 
+def test_the_query_starts_the_worker_and_round_1_waits_for_that_one(node, monkeypatch):
+    """The node-binding query starts the worker without waiting for it; the first train message,
+    arriving while it still starts, connects to that worker instead of starting a second."""
+    from conftest import make_context
+
+    from client_app.app import app as client_app
+
+    cfg, files, parent = node
+    ctx = make_context(2)
+    ctx.node_config["data-path"] = str(files[2])
+    spawned = []
+    real_spawn = resident.spawn
+    monkeypatch.setattr(resident, "spawn", lambda *a: spawned.append(real_spawn(*a)) or spawned[-1])
+    from flwr.app import Message, MessageType, RecordDict
+
+    from feddb.inprocess import make_metadata
+
+    query = Message(RecordDict(), metadata=make_metadata(MessageType.QUERY))
+    t0 = time.monotonic()
+    reply = client_app(query, ctx)
+    assert not reply.has_error() and time.monotonic() - t0 < 2.0  # not waiting for the imports
+    assert len(spawned) == 1
+    resident.prestart(ctx)  # a second query: the worker is starting, none other is started
+    _, relayed = _run(cfg, pid=2, node_config={"data-path": str(files[2])})
+    assert not relayed.has_error() and len(spawned) == 1
+
+
 def test_an_error_in_the_worker_is_the_clientapps_error(node):
     """A node with its own data refuses another partition: raised in the worker, raised again
     in the ClientApp as itself."""
