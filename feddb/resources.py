@@ -229,15 +229,21 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
     try:
         yield RayHead(proc, f"127.0.0.1:{port}", temp)
     finally:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and group_alive(proc.pid):
-                proc.poll()
-                time.sleep(0.1)
-        proc.poll()
+        stop_group(proc, grace)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_group(proc: subprocess.Popen, grace: float, kill_wait: float = 2.0) -> None:
+    """Stop the process group `proc` leads (started with start_new_session): SIGTERM, up to
+    `grace` s for it to end, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and group_alive(proc.pid):
+            proc.poll()
+            time.sleep(0.1)
+    proc.poll()
 
 
 START_NICE = 15  # the niceness Ray gives its workers; the head's session while the run starts

@@ -1,11 +1,9 @@
 """Real deployments on loopback: a SuperLink and SuperNodes as separate processes, TLS and
 SuperNode authentication on (tens of seconds each: Flower starts a ClientApp process per message)."""
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -253,23 +251,10 @@ def start_ray(ray: str, env: dict, *args: str) -> subprocess.Popen:
     )
 
 
-def stop_group(proc: subprocess.Popen) -> None:
-    from feddb.resources import group_alive
-
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and group_alive(proc.pid):
-            proc.poll()
-            time.sleep(0.2)
-    proc.poll()
-
-
 @pytest.mark.slow
 def test_simulation_on_an_existing_ray_cluster(tmp_path):
     """A Ray head and a worker node (both local), then `flwr run` attached to that cluster."""
-    from feddb.resources import free_port, group_alive
+    from feddb.resources import free_port, group_alive, stop_group
 
     ray = str(Path(sys.executable).with_name("ray"))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", FLWR_HOME=str(tmp_path / "flwr-home"))
@@ -325,7 +310,7 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
     finally:
         for proc in (worker, head):
             if proc is not None:
-                stop_group(proc)
+                stop_group(proc, 15.0, 5.0)
         shutil.rmtree(temp, ignore_errors=True)
     assert not group_alive(head.pid) and not (worker and group_alive(worker.pid))
 
