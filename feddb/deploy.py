@@ -22,10 +22,19 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from .launch import PROJECT, absolute_paths, format_run_config, free_port, parse_run_config, stop
+from .launch import (
+    PROJECT,
+    absolute_paths,
+    format_run_config,
+    free_port,
+    lean_app,
+    parse_run_config,
+    stop,
+)
 
 
 # -- credentials -------------------------------------------------------------------------------
@@ -260,10 +269,13 @@ class LocalDeployment:
         return self._start(f"supernode_{pid}", cmd, env_extra)
 
     def submit(self, run_config: dict) -> int:
-        cmd = ["run", ".", "deploy", "--format", "json"]
-        if run_config:
-            cmd += ["--run-config", format_run_config(run_config)]
-        started = _flwr(cmd, self.env)
+        """`flwr run` of the project on this deployment's SuperLink; the FAB is built from a lean
+        copy of the project (feddb.launch.lean_app: the same FAB without walking .venv)."""
+        with tempfile.TemporaryDirectory(prefix="feddb-app-") as stage:
+            cmd = ["run", str(lean_app(PROJECT, Path(stage))), "deploy", "--format", "json"]
+            if run_config:
+                cmd += ["--run-config", format_run_config(run_config)]
+            started = _flwr(cmd, self.env)
         try:
             return int(_json(started.stdout)["run-id"])
         except (ValueError, KeyError) as err:

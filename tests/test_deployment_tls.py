@@ -285,8 +285,9 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
                 "--ray-address",
                 address,
                 "--run-config",
-                f"num-server-rounds=1 output-dir='{out}' overrides='fl.num_clients=4 "
-                "fl.fraction_train=1.0 dataset.num_labeled=200 train.local_epochs=1 fl.node_wait=5'",
+                f"dataset='npz' data-path='{SMALL['data-path']}' num-server-rounds=1 "
+                f"output-dir='{out}' overrides='fl.num_clients=4 fl.fraction_train=1.0 "
+                "dataset.num_labeled=200 dataset.val_size=200 train.local_epochs=1 fl.node_wait=5'",
             ],
             cwd=PROJECT,
             env=env,

@@ -16,14 +16,27 @@ from fssl.config import group_options
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
-    "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0"
+    "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0 dataset.val_size=200"
 )
+SMALL: dict[str, str] = {}  # the run-config of the suite's small dataset (1,000 training digits)
+
+
+@pytest.fixture(autouse=True)
+def small_data(small_npz):
+    """These runs train on the suite's small `.npz`, as the deployments do: what they check is
+    the launcher and Flower's path, and MNIST-10k's 8,000 digits made each run minutes longer."""
+    SMALL["rc"] = f"dataset='npz' data-path='{small_npz}'"
+
+
+def on_small_data(run_config: str) -> str:
+    """The run-config on the small dataset, unless it names a dataset of its own."""
+    return run_config if "dataset=" in run_config else f"{SMALL['rc']} {run_config}"
 
 
 def launch(tmp_path, run_config, *extra, timeout=400):
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
     return subprocess.run(
-        [sys.executable, "-m", "feddb.launch", "--run-config", run_config, *extra],
+        [sys.executable, "-m", "feddb.launch", "--run-config", on_small_data(run_config), *extra],
         cwd=PROJECT,
         env=env,
         text=True,
@@ -38,7 +51,9 @@ def beside(tmp_path) -> tuple[list, list]:
     from feddb.resources import free_port
 
     env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
-    rc = f"num-server-rounds=1 overrides='{TINY} fl.num_clients=2 fl.fraction_train=1.0'"
+    rc = on_small_data(
+        f"num-server-rounds=1 overrides='{TINY} fl.num_clients=2 fl.fraction_train=1.0'"
+    )
     other, plain_out = tmp_path / "other", tmp_path / "plain"
     plain_env = dict(
         env,
@@ -212,7 +227,9 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
             "-m",
             "feddb.launch",
             "--run-config",
-            f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' overrides='{TINY}'",
+            on_small_data(
+                f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' overrides='{TINY}'"
+            ),
         ],
         cwd=PROJECT,
         env=env,
@@ -268,7 +285,8 @@ def test_labels_at_partial_clients_through_a_real_simulation(tmp_path):
     res = launch(
         tmp_path,
         f"method='feddb' scenario='labels_at_partial_clients' num-server-rounds=2 seed=3 "
-        f"output-dir='{out}' overrides='{TINY} fl.fraction_train=1.0 train.warmup_rounds=1'",
+        f"output-dir='{out}' overrides='{TINY} fl.fraction_train=1.0 train.warmup_rounds=1 "
+        "train.tau=0.2'",  # one warm-up round on 200 labels: a low threshold, some confident
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     first, second = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
