@@ -268,7 +268,11 @@ def answer(tmp: Path, item, command: str, capsys) -> tuple[int, str]:
 RESULTS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize("area,wrong,item,word,command", cases(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    "area,wrong,item,word,command",
+    cases(),
+    ids=lambda v: "file" if callable(v) else str(v)[:40],  # stable across processes (xdist)
+)
 def test_a_bad_input_gets_one_line_and_exit_2_before_anything_starts(
     area, wrong, item, word, command, tmp_path, capsys
 ):
