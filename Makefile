@@ -18,10 +18,8 @@ env: $(BIN)/.installed
 run: env
 	$(BIN)/python -m feddb.launch --run-config "$(RUN_CONFIG)" $(ARGS)
 
-# two test processes with one thread each: half the suite waits on Flower's processes, and torch's
-# threads in two processes would spin against each other on a 2-core machine
 test: env
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
 
 lint: env
 	$(BIN)/ruff check .

@@ -16,7 +16,7 @@ from fssl.config import group_options
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
-    "train.tau=0.5 fl.node_wait=5 train.warmup_rounds=0 dataset.val_size=200"
+    "train.tau=0.5 fl.node_wait=120 train.warmup_rounds=0 dataset.val_size=200"
 )
 SMALL: dict[str, str] = {}  # the run-config of the suite's small dataset (1,000 training digits)
 
@@ -94,6 +94,8 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
             os.kill(pid, 15)
     for p, text, d in zip(procs, outs, dirs):
         assert p.returncode == 0, text[-3000:]
+        # `flwr run --stream` exits 0 even when the run failed: its output says why
+        assert (d / "metrics.jsonl").is_file(), text[-3000:]
         assert [json.loads(x)["round"] for x in (d / "metrics.jsonl").open()] == [1]
     assert not list((PROJECT / ".flwr-home").glob(f"run-{procs[0].pid}-*"))  # its home removed
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
