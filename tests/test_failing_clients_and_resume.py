@@ -18,8 +18,8 @@ from server_app.config import resolve
 
 ROUNDS = 4
 OVERRIDES = (
-    "fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=2 "
-    "train.tau=0.6 fl.node_wait=0 checkpoint.every=2 train.warmup_rounds=0"
+    "fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=1 "
+    "train.tau=0.6 fl.node_wait=0 checkpoint.every=2 train.warmup_rounds=0 model.width=8"
 )
 
 
