@@ -21,7 +21,7 @@ from strategy.flower import FLOWER, FlowerStrategy
 K = 3
 OVERRIDES = (
     "fl.num_clients=6 fl.fraction_train=0.5 dataset.num_labeled=100 train.local_epochs=1 "
-    "train.tau=0.6 fl.node_wait=0 checkpoint.every=0 train.warmup_rounds=0"
+    "train.tau=0.6 fl.node_wait=0 checkpoint.every=0 train.warmup_rounds=0 model.width=8"
 )
 
 pytestmark = pytest.mark.usefixtures("task_identity")

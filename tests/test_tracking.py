@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 OVERRIDES = (
     "fl.num_clients=4 fl.fraction_train=1 dataset.num_labeled=100 train.local_epochs=1 "
-    "train.tau=0.6 fl.node_wait=0 train.warmup_rounds=0 logging.tensorboard=false"
+    "train.tau=0.6 fl.node_wait=0 train.warmup_rounds=0 logging.tensorboard=false model.width=8"
 )
 
 
