@@ -19,7 +19,7 @@ from feddb.deploy import LocalDeployment, make_keys
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
-    "train.tau=0.6 fl.node_wait=30 dataset.val_size=200"
+    "train.tau=0.6 fl.node_wait=30 dataset.val_size=200 model.width=8"
 )  # the validation split: the loss check's data
 
 SMALL: dict[str, str] = {}  # the run-config keys of the small dataset (1,000 training digits)

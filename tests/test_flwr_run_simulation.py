@@ -16,7 +16,7 @@ from fssl.config import group_options
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=4 fl.fraction_train=0.5 dataset.num_labeled=200 train.local_epochs=2 "
-    "train.tau=0.5 fl.node_wait=120 train.warmup_rounds=0 dataset.val_size=200"
+    "train.tau=0.5 fl.node_wait=120 train.warmup_rounds=0 dataset.val_size=200 model.width=8"
 )
 SMALL: dict[str, str] = {}  # the run-config of the suite's small dataset (1,000 training digits)
 
@@ -45,9 +45,13 @@ def launch(tmp_path, run_config, *extra, timeout=400):
     )
 
 
+SAME = f"num-server-rounds=2 seed=3 overrides='{TINY}'"  # the checked run's configuration
+
+
 def beside(tmp_path) -> tuple[list, list]:
-    """Another `feddb run` (its own Flower home, the default) and a plain `flwr run` with its own
-    home and ports (docs/running.md), started at once: (processes, their run directories)."""
+    """Another `feddb run` of the checked run's configuration with two SuperNodes for its four
+    clients (its own Flower home, the default) and a plain `flwr run` with its own home and ports
+    (docs/running.md), started at once: (processes, their run directories)."""
     from feddb.resources import free_port
 
     env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
@@ -64,7 +68,12 @@ def beside(tmp_path) -> tuple[list, list]:
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
     )
     cmds = [
-        ([sys.executable, "-m", "feddb.launch", "--run-config", f"{rc} output-dir='{other}'"], env),
+        (
+            [sys.executable, "-m", "feddb.launch", "--run-config"]
+            + [on_small_data(f"{SAME} output-dir='{other}'")]
+            + ["--federation-config", "num-supernodes=2"],
+            env,
+        ),
         (
             [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream", "--run-config"]
             + [f"{rc} output-dir='{plain_out}'"],
@@ -87,16 +96,16 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
     out = tmp_path / "run"
     procs, dirs = beside(tmp_path)
     try:
-        res = launch(tmp_path, f"num-server-rounds=2 seed=3 output-dir='{out}' overrides='{TINY}'")
+        res = launch(tmp_path, f"{SAME} output-dir='{out}'")
         outs = [p.communicate(timeout=400)[0] for p in procs]
     finally:
         for pid in flower_pids(tmp_path / "plain-home"):  # what the plain run started
             os.kill(pid, 15)
-    for p, text, d in zip(procs, outs, dirs):
+    for p, text, d, rounds in zip(procs, outs, dirs, ([1, 2], [1])):
         assert p.returncode == 0, text[-3000:]
         # `flwr run --stream` exits 0 even when the run failed: its output says why
         assert (d / "metrics.jsonl").is_file(), text[-3000:]
-        assert [json.loads(x)["round"] for x in (d / "metrics.jsonl").open()] == [1]
+        assert [json.loads(x)["round"] for x in (d / "metrics.jsonl").open()] == rounds
     assert not list((PROJECT / ".flwr-home").glob(f"run-{procs[0].pid}-*"))  # its home removed
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout
@@ -176,17 +185,9 @@ def test_feddb_run_completes_and_writes_metrics(tmp_path):
     for chain in (order, clients):  # Ray's workers start beside the ServerApp's steps
         assert all(t[a] <= t[b] + 0.02 for a, b in zip(chain, chain[1:])), t  # /proc: 10 ms
     assert t["first_round_done"] - t["launch"] < 300
-    # same seed, same machine: identical metrics from a second, independent simulation with two
-    # SuperNodes for the four clients (each instruction names the partition to train)
-    again = tmp_path / "again"
-    res = launch(
-        tmp_path,
-        f"num-server-rounds=2 seed=3 output-dir='{again}' overrides='{TINY}'",
-        "--federation-config",
-        "num-supernodes=2",
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert metrics_without_timing(again) == metrics_without_timing(out)
+    # same seed, same machine: identical metrics from the independent simulation beside it, with
+    # two SuperNodes for the four clients (each instruction names the partition to train)
+    assert metrics_without_timing(dirs[0]) == metrics_without_timing(out)
 
 
 @pytest.mark.slow
