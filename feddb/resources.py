@@ -233,16 +233,20 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def stop_group(proc: subprocess.Popen, grace: float, kill_wait: float = 2.0) -> None:
+def stop_group(proc: subprocess.Popen, grace: float, kill_wait: float = 5.0) -> None:
     """Stop the process group `proc` leads (started with start_new_session): SIGTERM, up to
-    `grace` s for it to end, then SIGKILL."""
+    `grace` s for it to end, then SIGKILL, sent again while any member is left: a process the
+    group forked after a signal (a raylet starting a worker as it goes down) did not get it."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        deadline = time.monotonic() + wait
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + wait
         while time.monotonic() < deadline and group_alive(proc.pid):
             proc.poll()
             time.sleep(0.1)
+            if sig == signal.SIGKILL:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
     proc.poll()
 
 
