@@ -18,8 +18,8 @@ BASE = (
     "fl.num_clients=5 fl.fraction_train=1.0 dataset.num_labeled=500 train.mode=minibatch "
     "train.local_epochs=1 train.local_steps=10 train.lr=0.1 train.tau=0.6 train.warmup_rounds=0 "
     "model.norm=gn fl.node_wait=0 checkpoint.every=0 server.momentum=0 "
-    "server.robust.scope=always"
-)  # the defences of a deployment, on the in-process grid
+    "server.robust.scope=always model.width=8"
+)  # the defences of a deployment, on the in-process grid, with the half-width CNN
 UNDEFENDED = (
     "dma.cap=null server.sizes=reported server.robust.clip=null "
     "server.robust.min_cosine=null server.robust.loss_check=null"
@@ -214,7 +214,8 @@ def test_a_sign_flip_is_dropped_by_the_agreement_filter(attacks_on, small_npz, t
     round's median cosine; no honest node is dropped, nor the same node honest. (An honest
     non-IID update may point away further than the flipped one in an early round: measured on a
     2-core AMD EPYC, 2026-11-26, -0.185 against -0.155; the rule drops neither.)"""
-    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", FILTER, rounds=4)
+    full = f"{FILTER} model.width=16"  # the CNN whose cosines were measured
+    rounds = run(tmp_path, "flip", small_npz, "feddb", "sign_flip", full, rounds=4)
     for r in rounds:
         cos = r["robust"]["cosines"]
         assert cos[0] < -0.1
@@ -222,7 +223,7 @@ def test_a_sign_flip_is_dropped_by_the_agreement_filter(attacks_on, small_npz, t
         assert (0 in r["robust"]["dropped"]) == stands_out, cos
         assert r["robust"]["dropped"] in ([], [0])
     assert rounds[-1]["robust"]["dropped"] == [0] and 0 not in rounds[-1]["robust"]["selected"]
-    honest = run(tmp_path, "honest", small_npz, "feddb", None, FILTER, rounds=4)
+    honest = run(tmp_path, "honest", small_npz, "feddb", None, full, rounds=4)
     assert all(0 not in r["robust"]["dropped"] for r in honest)
 
 
@@ -380,7 +381,7 @@ def test_the_loss_check_tolerance_shrinks_with_the_step():
 def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_path):
     # the loss check alone, in scope on the in-process grid (a simulation) as in a deployment;
     # FixMatch's fixed weights, so that what is tested is the check, not DMA's weighting of node 0
-    alone = "dataset.val_size=200 server.robust.min_cosine=null"
+    alone = "dataset.val_size=200 server.robust.min_cosine=null model.width=16"  # as measured
     full = run(tmp_path, "lfr", small_npz, "fixmatch", "sign_flip", alone, rounds=3)
     assert all(r["robust"]["loss_dropped"] == [0] for r in full)
     assert all(None not in r["robust"]["loss_impact"] for r in full)

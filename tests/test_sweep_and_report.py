@@ -398,7 +398,7 @@ def test_a_sweeps_results_do_not_depend_on_how_many_run_at_once(tmp_path):
         res = sweep(
             tmp_path,
             "row=fixmatch,feddb",
-            "run_config=num-server-rounds=2 overrides='fl.fraction_train=0.2 train.local_steps=4'",
+            "run_config=num-server-rounds=2 overrides='fl.fraction_train=0.2 train.local_steps=4 model.width=8'",
             jobs=jobs,
             out=out,
             launcher="[python,-m,feddb.inprocess]",
