@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +17,6 @@ import torch
 import yaml
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope
@@ -189,14 +189,22 @@ def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None
     previous round: measured on 2 cores, one thread made the whole round 23 % faster."""
     if setting != "auto":
         return int(setting)
-    return 1 if device.type == "cpu" and isinstance(grid, InMemoryGrid) else None
+    return 1 if device.type == "cpu" and in_memory(grid) else None
+
+
+def in_memory(grid: Grid) -> bool:
+    """Whether `grid` is Flower's simulation grid. Its module is not imported here: it pulls in
+    the SuperLink's state (SQLAlchemy, Alembic, FastAPI: 2.7 s of a deployed ServerApp's start on
+    2 cores), and a process that never loaded it cannot hold one."""
+    module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    return module is not None and isinstance(grid, module.InMemoryGrid)
 
 
 def simulated(grid: Grid) -> bool:
     """Whether the nodes are this app's own ClientApps run by the user (Flower's simulation, or
     a grid that says so: the in-process runner's) rather than SuperNodes that may be other
     people's machines."""
-    return isinstance(grid, InMemoryGrid) or getattr(grid, "simulated", False) is True
+    return in_memory(grid) or getattr(grid, "simulated", False) is True
 
 
 def scope_defences(cfg: dict[str, Any], simulation: bool) -> None:

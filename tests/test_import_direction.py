@@ -97,3 +97,11 @@ def test_the_client_app_imports_only_what_a_client_needs():
     work = loaded_by("client_app.work")
     assert "torch" in work and "flwr" in work
     assert sorted(work & set(NOT_IN_A_CLIENT)) == []
+
+
+def test_the_server_app_does_not_load_the_superlinks_state():
+    """A deployed ServerApp talks to the SuperLink over gRPC: Flower's simulation grid module, and
+    the SuperLink's database layers it pulls in, would add seconds to its start."""
+    app = loaded_by("server_app.app")
+    assert "torch" in app and "flwr" in app
+    assert sorted(app & {"sqlalchemy", "alembic", "fastapi"}) == []
