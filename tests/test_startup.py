@@ -96,9 +96,22 @@ def test_the_lean_app_copy_builds_the_same_fab_without_walking_the_venv(tmp_path
 
 
 def test_the_ray_head_serves_a_driver_and_is_stopped_whole(tmp_path):
+    import threading
+    import time
+
     from feddb.resources import group_alive, ray_head
 
     with ray_head(True) as head:
+        # polled as the launcher polls it: the head's start-up yield ends (at nice 15 for the
+        # whole test, it came up too late for the driver beside another test's runs)
+        done = threading.Event()
+
+        def poll():
+            while not done.is_set():
+                head.watch()
+                time.sleep(0.2)
+
+        threading.Thread(target=poll, daemon=True).start()
         res = subprocess.run(
             [
                 sys.executable,
@@ -113,6 +126,7 @@ def test_the_ray_head_serves_a_driver_and_is_stopped_whole(tmp_path):
         )
         assert res.returncode == 0, res.stderr[-2000:]
         assert int(res.stdout.split()[-1]) == os.cpu_count()  # all CPUs, as ray.init's
+        done.set()
         assert head.failure() is None
         pgid, temp = head.proc.pid, head.temp
     assert not group_alive(pgid) and not temp.exists()
