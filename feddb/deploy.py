@@ -29,6 +29,7 @@ from pathlib import Path
 from .launch import (
     PROJECT,
     absolute_paths,
+    descendants,
     format_run_config,
     free_port,
     lean_app,
@@ -213,9 +214,7 @@ class LocalDeployment:
     def restart_superlink(self) -> None:
         """Kill the SuperLink (a crash: no clean shutdown) and start it again on the same port,
         certificates and state database."""
-        old = self.procs["superlink"]
-        old.kill()
-        old.wait()
+        self.crash("superlink")
         self.restarts = getattr(self, "restarts", 0) + 1
         self._start(f"superlink_restart{self.restarts}", self.superlink_cmd)
         self.procs["superlink"] = self.procs.pop(f"superlink_restart{self.restarts}")
@@ -312,7 +311,7 @@ class LocalDeployment:
                     rounds, metrics = kill_after_round
                     due = metrics.is_file() and len(metrics.read_text().splitlines()) >= rounds
                 if due:
-                    self.procs["supernode_0"].kill()
+                    self.crash("supernode_0")
                     print("killed SuperNode 0 (partition 0)", flush=True)
                     kill_node_after = kill_after_round = None
                 if restart_after_round is not None:
@@ -348,8 +347,22 @@ class LocalDeployment:
         except (ValueError, KeyError, IndexError):
             return None
 
+    def crash(self, name: str) -> None:
+        """SIGKILL the node (no clean shutdown) and reap it: what it started (its SuperExec, app
+        processes) ends when the node is gone, and a killed node not yet reaped is not gone."""
+        self.procs[name].kill()
+        self.procs[name].wait()
+
     def close(self) -> None:
-        stop([p.pid for p in self.procs.values() if p.poll() is None])
+        """Stop the nodes, then what they started (SuperExecs, app processes). Those end by
+        themselves once their parent is gone, but a parent killed and not yet reaped still exists
+        for them: so reap the nodes, and stop whatever of theirs is left."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        started = descendants([p.pid for p in running])
+        stop([p.pid for p in running])
+        for p in running:
+            p.wait()
+        stop(started, grace=5.0)
 
 
 def run_local(
@@ -564,7 +577,7 @@ class Churn:
                 self.wait(1e9)  # memory is still sampled until the run ends
                 break
             i = self.rng.randrange(self.nodes)
-            self.dep.procs[f"supernode_{i}"].kill()
+            self.dep.crash(f"supernode_{i}")
             self.kills += 1
             self.note(event="kill", node=i)
             if self.wait(self.rng.uniform(*self.down)):

@@ -561,13 +561,30 @@ def stop(pids: list[int], grace: float = 15.0) -> None:
     from fssl.profiling import alive
 
     for pid in pids:
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         pids = [p for p in pids if alive(p)]
         time.sleep(0.2)
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """Every running process below `pids` (children, theirs, ...), found through /proc."""
+    from fssl.profiling import live_processes
+
+    children: dict[int, list[int]] = {}
+    for pid, fields in live_processes():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = [], list(pids)
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 if __name__ == "__main__":

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +97,48 @@ def flower_pids(marker: Path) -> list[int]:
     return pids
 
 
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def set_child_subreaper(on: bool) -> None:
+    """While on, a process orphaned below this one is re-parented here, not to init: what a test
+    started and left behind stays findable."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+def children_left(grace: float) -> list[str]:
+    """Reap this process's exited children, waiting up to `grace` s for the live ones to end;
+    the command lines of those still running (then killed, so that the next test starts clean)."""
+    from fssl.profiling import cmdline, live_processes
+
+    def running() -> list[int]:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        return [pid for pid, f in live_processes() if int(f[1]) == os.getpid()]
+
+    deadline = time.monotonic() + grace
+    while (pids := running()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [b" ".join(filter(None, cmdline(pid)[:3])).decode(errors="replace") for pid in pids]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    running()
+    return left
+
+
+@pytest.fixture
+def no_process_left_behind():
+    """Fails the test if any process it started (or one of theirs) outlives it by 10 s."""
+    set_child_subreaper(True)
+    try:
+        yield
+    finally:
+        set_child_subreaper(False)
+    assert not children_left(grace=10.0)
+
+
 def make_instruction(
     arrays: ArrayRecord, config: ConfigRecord, mtype: str = MessageType.TRAIN
 ) -> Message:
@@ -120,3 +167,57 @@ def make_reply(arrays: dict[str, np.ndarray], metrics: dict, node: int) -> Messa
         }
     )
     return Message(content=content, reply_to=instruction)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        metavar="N",
+        help="list the N tests that took the most CPU time, every process they started included "
+        "(those orphaned are re-parented to the test's process so that their time is counted)",
+    )
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.config.getoption("--cpu-durations") is not None:
+        set_child_subreaper(True)
+        item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+_CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        children_left(grace=0.0)  # reaps what ended, so that its CPU time is counted
+        spent = _cpu_seconds() - item.stash[_CPU_START]
+        outcome.get_result().user_properties.append(("cpu_s", spent))
+
+
+_CPU_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    for key, value in report.user_properties:
+        if key == "cpu_s" and report.when == "teardown":
+            _CPU_SPENT[report.nodeid] = value
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = config.getoption("--cpu-durations")
+    if n is None or not _CPU_SPENT:
+        return
+    total = sum(_CPU_SPENT.values())
+    terminalreporter.section(f"CPU time: {total:.0f} s in all; the {n} largest")
+    for nodeid, spent in sorted(_CPU_SPENT.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{spent:8.1f}s  {nodeid}")

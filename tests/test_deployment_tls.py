@@ -26,6 +26,12 @@ SMALL: dict[str, str] = {}  # the run-config keys of the small dataset (1,000 tr
 
 
 @pytest.fixture(autouse=True)
+def _nothing_left(no_process_left_behind):
+    """A deployment's SuperExecs and app processes end with it (each test also checks its
+    SuperLink and SuperNodes by name)."""
+
+
+@pytest.fixture(autouse=True)
 def small_data(small_npz):
     """Every deployment here trains on the suite's small `.npz`: what these tests check is the
     deployment, and the full 8,000 digits made each round several times longer."""
