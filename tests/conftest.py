@@ -106,25 +106,29 @@ def set_child_subreaper(on: bool) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
+def reap_children() -> list[int]:
+    """Reap this process's exited children; the pids of those still running."""
+    from fssl.profiling import live_processes
+
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    return [pid for pid, f in live_processes() if int(f[1]) == os.getpid()]
+
+
 def children_left(grace: float) -> list[str]:
     """Reap this process's exited children, waiting up to `grace` s for the live ones to end;
     the command lines of those still running (then killed, so that the next test starts clean)."""
-    from fssl.profiling import cmdline, live_processes
-
-    def running() -> list[int]:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        return [pid for pid, f in live_processes() if int(f[1]) == os.getpid()]
+    from fssl.profiling import cmdline
 
     deadline = time.monotonic() + grace
-    while (pids := running()) and time.monotonic() < deadline:
+    while (pids := reap_children()) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [b" ".join(filter(None, cmdline(pid)[:3])).decode(errors="replace") for pid in pids]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    running()
+    reap_children()
     return left
 
 
@@ -199,7 +203,7 @@ _CPU_START = pytest.StashKey[float]()
 def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "teardown" and _CPU_START in item.stash:
-        children_left(grace=0.0)  # reaps what ended, so that its CPU time is counted
+        reap_children()  # what ended, so that its CPU time is counted
         spent = _cpu_seconds() - item.stash[_CPU_START]
         outcome.get_result().user_properties.append(("cpu_s", spent))
 

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from feddb.deploy import LocalDeployment, make_keys
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
     "fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=150 train.local_epochs=2 "
-    "train.tau=0.6 fl.node_wait=30 dataset.val_size=200 model.width=8"
+    "train.tau=0.6 fl.node_wait=90 dataset.val_size=200 model.width=8"
 )  # the validation split: the loss check's data
 
 SMALL: dict[str, str] = {}  # the run-config keys of the small dataset (1,000 training digits)
@@ -63,19 +62,39 @@ def deploy(tmp_path, run_config, *extra, timeout=420):
 
 
 @pytest.mark.slow
-def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_identity):
+def test_tls_deployment_keeps_the_labels_on_the_server_side_and_agrees_with_simulation(
+    tmp_path, task_identity
+):
+    """SemiFL in its own setting, deployed with TLS and SuperNode authentication: the SuperNodes'
+    files hold unlabeled images only, the server fine-tunes on its labels and recomputes BatchNorm
+    statistics on them; every defence runs on the SuperNodes; the same configuration simulated
+    (the defences in scope there too) gives the same metrics."""
+    import numpy as np
+
     out = tmp_path / "run"
-    res = deploy(tmp_path, f"num-server-rounds=1 seed=2 output-dir='{out}' overrides='{TINY}'")
+    setting = "method='semifl' scenario='labels_at_server' num-server-rounds=1 seed=2"
+    overrides = f"{TINY} model.norm=bn train.warmup_rounds=0"
+    res = deploy(tmp_path, f"{setting} output-dir='{out}' overrides='{overrides}'")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout
-    logs = tmp_path / "w" / "logs"
+    work = tmp_path / "w"
     assert "--enable-supernode-auth" not in res.stdout  # sanity: logs are in files
-    assert (tmp_path / "w" / "certs" / "ca.crt").is_file()
-    assert len(list((tmp_path / "w" / "keys").glob("*.pub"))) == 3
-    assert sorted(p.name for p in logs.iterdir())[:1] == ["superlink.log"]
+    assert (work / "certs" / "ca.crt").is_file()
+    assert len(list((work / "keys").glob("*.pub"))) == 3
+    assert sorted(p.name for p in (work / "logs").iterdir())[:1] == ["superlink.log"]
+    assert not (work / "superlink-state.db").exists()  # in memory unless asked
+    files = sorted((work / "data").glob("*.npz"))
+    assert len(files) == 3
+    for f in files:
+        with np.load(f) as z:
+            assert len(z["y_labeled"]) == 0 and len(z["x_labeled"]) == 0 and len(z["x_unlabeled"])
+    assert sum(json.loads((out / "partition_summary.json").read_text())["server"]) == 150
     deployed = metrics_without_timing(out)
+    (r,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "server_train" in r["timing"] and r["test_accuracy"] > 0.1
     assert [r["round"] for r in deployed] == [1]
     assert all(len(r["clients"]) == 3 and r["num_failures"] == 0 for r in deployed)
+    assert all(c["num_labeled"] == 0 for r in deployed for c in r["clients"])
     # on SuperNodes every defence runs by default (server.robust.scope=deployment): the norm
     # bound, the agreement filter, the loss check and the DMA cap
     assert all(None not in r["robust"]["loss_impact"] for r in deployed)
@@ -85,28 +104,32 @@ def test_tls_deployment_completes_and_agrees_with_simulation(tmp_path, task_iden
         and len(r["robust"]["cosines"]) == 3
         for r in deployed
     )
-    saved = (out / "config.yaml").read_text()  # round 1 is a warm-up round: no DMA yet
+    saved = (out / "config.yaml").read_text()
     assert "cap: 2.0" in saved and "scope: deployment" in saved
     assert "runs the methods as published" not in res.stdout
-    # the same configuration in simulation, the defences in scope there too: the same metrics
     sim = tmp_path / "sim"
     run_in_process(
         {
             **SMALL,
+            "method": "semifl",
+            "scenario": "labels_at_server",
             "num-server-rounds": 1,
             "seed": 2,
             "output-dir": str(sim),
-            "overrides": f"{TINY} server.robust.scope=always",
+            "overrides": f"{overrides} server.robust.scope=always",
         },
         3,
     )
     assert metrics_without_timing(sim) == deployed
-    assert not flower_pids(tmp_path / "w")
+    assert not flower_pids(work)
 
 
 @pytest.mark.slow
-def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
-    """TLS + SuperNode auth, three registered nodes; node 0 sends w + 1000 (w_0 - w) each round."""
+def test_a_malicious_supernode_is_held_by_the_norm_bound_and_an_unregistered_one_refused(
+    tmp_path,
+):
+    """TLS + SuperNode auth, three registered nodes; node 0 sends w + 1000 (w_0 - w) each round.
+    A fourth node, whose key was never registered, is refused and the run goes on without it."""
     from client_app.attacks import ENV
     from feddb.deploy import export_data
 
@@ -123,14 +146,21 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
     dep = LocalDeployment(tmp_path / "w")
     try:
         dep.start_superlink()
-        keys = make_keys(dep.workdir / "keys", 3)
+        *keys, unregistered = make_keys(dep.workdir / "keys", 4)
         for key in keys:
             dep.register(key)
         for i in range(3):
             attack = {"extra_config": "attack='scaled_update'", "env_extra": {ENV: "1"}}
             dep.start_supernode(i, 3, files[i], keys[i], **(attack if i == 0 else {}))
+        refused = dep.start_supernode(3, 4, None, unregistered)
         status = dep.follow(dep.submit(rc))
         assert status["status"] == "finished:completed", status
+        assert refused.wait(timeout=90) != 0
+        assert "Failed to activate SuperNode" in (dep.logs / "supernode_3.log").read_text()
+        assert (
+            "Attempted to register SuperNode with public key"
+            in (dep.logs / "superlink.log").read_text()
+        )
     finally:
         dep.close()
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -140,73 +170,6 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound(tmp_path):
         norms = r["robust"]["update_norms"]
         assert norms[0] > 100 * max(norms[1:])
     assert recs[-1]["test_loss"] < 10
-    assert not flower_pids(tmp_path / "w")
-
-
-@pytest.mark.slow
-def test_labels_at_server_keeps_the_labels_on_the_superlink_side(tmp_path):
-    """SemiFL in its own setting, deployed: the SuperNodes' files hold unlabeled images only, the
-    server fine-tunes on its labels and recomputes BatchNorm statistics on them."""
-    import numpy as np
-
-    from feddb.deploy import export_data
-    from fssl.runtime import partition_for
-    from server_app.config import resolve
-
-    out = tmp_path / "run"
-    rc = {
-        **SMALL,
-        "method": "semifl",
-        "scenario": "labels_at_server",
-        "num-server-rounds": 1,
-        "seed": 2,
-        "output-dir": str(out),
-        "overrides": f"{TINY} model.norm=bn train.warmup_rounds=0",
-    }
-    files = export_data(rc, tmp_path / "w" / "data")
-    server_images = set(partition_for(resolve(rc)[0]).server)
-    assert len(server_images) == 150
-    for f in files:
-        with np.load(f) as z:
-            assert len(z["y_labeled"]) == 0 and len(z["x_labeled"]) == 0 and len(z["x_unlabeled"])
-    dep = LocalDeployment(tmp_path / "w")
-    try:
-        dep.start_superlink()
-        keys = make_keys(dep.workdir / "keys", 3)
-        for i, key in enumerate(keys):
-            dep.register(key)
-            dep.start_supernode(i, 3, files[i], key)
-        status = dep.follow(dep.submit(rc))
-        assert status["status"] == "finished:completed", status
-    finally:
-        dep.close()
-    (r,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(r["clients"]) == 3 and all(c["num_labeled"] == 0 for c in r["clients"])
-    assert "server_train" in r["timing"] and r["test_accuracy"] > 0.1
-    assert sum(json.loads((out / "partition_summary.json").read_text())["server"]) == 150
-    assert not flower_pids(tmp_path / "w")
-
-
-@pytest.mark.slow
-def test_supernode_with_unregistered_key_is_refused(tmp_path):
-    dep = LocalDeployment(tmp_path / "w")
-    try:
-        dep.start_superlink()
-        good, bad = make_keys(dep.workdir / "keys", 2)
-        dep.register(good)
-        ok = dep.start_supernode(0, 2, None, good)
-        refused = dep.start_supernode(1, 2, None, bad)
-        assert refused.wait(timeout=90) != 0
-        assert ok.poll() is None  # the registered one stays
-        node_log = (dep.logs / "supernode_1.log").read_text()
-        assert "Failed to activate SuperNode" in node_log
-        time.sleep(1)
-        assert (
-            "Attempted to register SuperNode with public key"
-            in (dep.logs / "superlink.log").read_text()
-        )
-    finally:
-        dep.close()
     assert not flower_pids(tmp_path / "w")
 
 
@@ -327,16 +290,17 @@ def test_a_superlink_restart_mid_run_ends_with_every_round_recorded_once(tmp_pat
     """The SuperLink killed once round 1 is recorded and started again on its state database
     (TLS and authentication on): the run goes on, or, where its ServerApp did not outlive the
     SuperLink, is resumed from its checkpoint on the same SuperNodes (`flwr run ...
-    --run-config "resume='<run dir>'"`); either way each of the 3 rounds is recorded once."""
+    --run-config "resume='<run dir>'"`); either way each of the 2 rounds is recorded once."""
     out = tmp_path / "run"
     res = deploy(
         tmp_path,
-        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} checkpoint.every=1'",
+        f"num-server-rounds=2 seed=2 output-dir='{out}' overrides='{TINY} checkpoint.every=1'",
         "--restart-superlink-after-round",
         "1",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "restarted the SuperLink after round 1" in res.stdout
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert [r["round"] for r in recs] == [1, 2]
+    assert (tmp_path / "w" / "superlink-state.db").is_file()
     assert not flower_pids(tmp_path / "w")

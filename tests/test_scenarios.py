@@ -501,3 +501,36 @@ def test_the_loss_check_tests_the_model_the_update_makes():
     seen.clear()
     loss_check({"w": np.zeros(2)}, clients, weights, loss, 0.02, [0], 1)
     assert all(abs(v - 0.6 * 3) < 1e-9 for v in seen)
+
+
+def test_labels_at_partial_clients_trains_the_labeled_clients_alone_in_the_warm_up(
+    tmp_path, small_npz
+):
+    """Through the real ServerApp and ClientApp: two fully labeled clients train alone in the
+    warm-up, then every client joins; no client holds both kinds of data."""
+    from feddb.inprocess import run_in_process
+
+    out = tmp_path / "run"
+    run_in_process(
+        {
+            "dataset": "npz",
+            "data-path": str(small_npz),
+            "method": "feddb",
+            "scenario": "labels_at_partial_clients",
+            "num-server-rounds": 2,
+            "seed": 3,
+            "output-dir": str(out),
+            # one warm-up round on 200 labels: a low threshold, so that some are confident
+            "overrides": "fl.num_clients=4 fl.fraction_train=1.0 dataset.num_labeled=200 "
+            "train.local_epochs=2 train.tau=0.2 train.warmup_rounds=1 dataset.val_size=200 "
+            "model.width=8",
+        }
+    )
+    first, second = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(c["partition_id"] for c in first["clients"]) == [0, 1]
+    assert sorted(c["partition_id"] for c in second["clients"]) == [0, 1, 2, 3]
+    for c in second["clients"]:
+        labeled = c["partition_id"] < 2
+        assert (c["num_labeled"] > 0) == labeled and (c["pseudo_label_ratio"] == 0) == labeled
+    hist = json.loads((out / "partition_summary.json").read_text())
+    assert sum(hist["server"]) == 0 and [sum(h) for h in hist["labeled"]][2:] == [0, 0]
