@@ -283,7 +283,15 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
         ),
     ],
 )
-def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message):
-    res = launch(tmp_path, run_config, timeout=60)
-    assert res.returncode == 2 and message in res.stderr, res.stderr
+def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message, monkeypatch, capsys):
+    """The launcher's own `main`, here (its process's exit code is main's: the failed-run test)."""
+    import signal
+
+    from feddb.launch import main
+
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the launcher's SIGTERM handler
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    monkeypatch.setenv("FEDDB_LAUNCH_TIME", "0")  # main sets it: restored afterwards
+    assert main(["--run-config", on_small_data(run_config)]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "flwr-home").exists()  # no SuperLink, no run
