@@ -35,6 +35,7 @@ from .launch import (
     lean_app,
     parse_run_config,
     stop,
+    stop_groups,
 )
 
 
@@ -160,6 +161,7 @@ class LocalDeployment:
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.groups: list[int] = []  # every node's process group, restarted and exited ones too
         self.node_extra = ""  # node_config every SuperNode gets (allow-methods for a user's)
         self.certs = (
             None if insecure else make_certs(self.workdir / "certs", ["localhost", "127.0.0.1"])
@@ -173,8 +175,10 @@ class LocalDeployment:
             env=env,
             stderr=subprocess.STDOUT,
             stdout=open(self.logs / f"{name}.log", "a"),  # noqa: SIM115 - open while the node runs (a restarted one appends)
+            start_new_session=True,  # its own process group: `close` finds what it started by it
         )
         self.procs[name] = proc
+        self.groups.append(proc.pid)
         return proc
 
     def start_superlink(self) -> None:
@@ -361,12 +365,15 @@ class LocalDeployment:
     def close(self) -> None:
         """Stop the nodes, then what they started (SuperExecs, app processes). Those end by
         themselves once their parent is gone, but a parent killed and not yet reaped still exists
-        for them: so reap the nodes, and stop whatever of theirs is left."""
+        for them, and a node that exited early (refused, crashed) may have left its SuperExec
+        behind: so reap the nodes, and stop whatever is left in their process groups, or below
+        them in another group."""
         running = [p for p in self.procs.values() if p.poll() is None]
         started = descendants([p.pid for p in running])
         stop([p.pid for p in running])
         for p in running:
             p.wait()
+        stop_groups(self.groups)
         stop(started, grace=5.0)
 
 

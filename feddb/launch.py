@@ -572,6 +572,26 @@ def stop(pids: list[int], grace: float = 15.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_groups(pgids: list[int], grace: float = 5.0) -> None:
+    """SIGTERM every process of the process groups, SIGKILL what is left after `grace` seconds.
+    A group outlives its leader: it still holds what an exited leader started and left behind."""
+    from fssl.profiling import live_processes
+
+    def members() -> set[int]:
+        return {int(f[2]) for _, f in live_processes()} & set(pgids)
+
+    def signal_all(groups: set[int], sig: signal.Signals) -> None:
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+
+    signal_all(members(), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    signal_all(members(), signal.SIGKILL)
+
+
 def descendants(pids: list[int]) -> list[int]:
     """Every running process below `pids` (children, theirs, ...), found through /proc."""
     from fssl.profiling import live_processes
