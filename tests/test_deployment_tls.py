@@ -37,7 +37,7 @@ def small_data(small_npz):
     SMALL.update({"dataset": "npz", "data-path": str(small_npz)})
 
 
-def deploy(tmp_path, run_config, *extra, timeout=420):
+def deploy(tmp_path, run_config, *extra, nodes=3, timeout=420):
     run_config = f"dataset='npz' data-path='{SMALL['data-path']}' {run_config}"
     return subprocess.run(
         [
@@ -46,7 +46,7 @@ def deploy(tmp_path, run_config, *extra, timeout=420):
             "feddb.deploy",
             "local",
             "--nodes",
-            "3",
+            str(nodes),
             "--workdir",
             str(tmp_path / "w"),
             "--run-config",
@@ -176,8 +176,9 @@ def test_a_malicious_supernode_is_held_by_the_norm_bound_and_an_unregistered_one
 @pytest.mark.slow
 def test_supernodes_that_leave_and_come_back_do_not_end_the_run(tmp_path):
     """Churn, the short form of `feddb deploy local --churn` (the soak, 6 nodes and 20+ rounds,
-    is the command): once round 1 is recorded a SuperNode is killed, and started again 2 s later
-    with its data file. The run completes its 3 rounds; the killed node's partition is reported
+    is the command), on two SuperNodes: once round 1 is recorded one is killed, and started
+    again 2 s later with its data file. The run completes its 3 rounds; the killed node's
+    partition is reported
     as a failure (or left out) while it is down, and trains again once back; memory was sampled;
     nothing is left running. Without authentication the node returns under a new node id, which
     the ServerApp binds at the next round's start (an authenticated node keeps its id, but Flower
@@ -187,10 +188,12 @@ def test_supernodes_that_leave_and_come_back_do_not_end_the_run(tmp_path):
     # (30 s timed out every time on a 2-core AMD EPYC, 2026-11-26, the machine otherwise idle)
     res = deploy(
         tmp_path,
-        f"num-server-rounds=3 seed=2 output-dir='{out}' overrides='{TINY} fl.round_timeout=90'",
+        f"num-server-rounds=3 seed=2 output-dir='{out}' "
+        f"overrides='{TINY} fl.num_clients=2 fl.round_timeout=90'",
         "--insecure",
         *("--churn", "3", "--churn-after-round", "1", "--churn-kills", "1"),
         *("--churn-every", "0,0", "--churn-down", "2,2"),
+        nodes=2,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "finished:completed" in res.stdout and "churn: 1 SuperNode kills" in res.stdout
@@ -222,7 +225,8 @@ def start_ray(ray: str, env: dict, *args: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_simulation_on_an_existing_ray_cluster(tmp_path):
-    """A Ray head and a worker node (both local), then `flwr run` attached to that cluster."""
+    """A Ray head and a worker node (both local), then `flwr run` attached to that cluster: FedMatch
+    on a Flower Datasets partition (two classes per client), whose helpers reach the clients."""
     from feddb.resources import free_port, group_alive, stop_group
 
     ray = str(Path(sys.executable).with_name("ray"))
@@ -254,9 +258,11 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
                 "--ray-address",
                 address,
                 "--run-config",
-                f"dataset='npz' data-path='{SMALL['data-path']}' num-server-rounds=1 "
-                f"output-dir='{out}' overrides='fl.num_clients=4 fl.fraction_train=1.0 "
-                "dataset.num_labeled=200 dataset.val_size=200 train.local_epochs=1 fl.node_wait=5'",
+                f"dataset='npz' data-path='{SMALL['data-path']}' method='fedmatch' "
+                f"partition='pathological2' num-server-rounds=2 seed=3 output-dir='{out}' "
+                "overrides='fl.num_clients=4 fl.fraction_train=1.0 dataset.num_labeled=200 "
+                "dataset.val_size=200 train.local_epochs=1 fl.node_wait=5 model.width=8 "
+                "method.helper_interval=2'",
             ],
             cwd=PROJECT,
             env=env,
@@ -265,7 +271,13 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
             timeout=400,
         )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        assert len(json.loads((out / "metrics.jsonl").read_text())["clients"]) == 4
+        recs = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        assert [len(r["clients"]) for r in recs] == [4, 4]
+        # FedMatch's per-client helper ArrayRecords went through Flower's serialisation and Ray
+        assert recs[0]["helpers"] is None and sorted(recs[1]["helpers"]) == ["0", "1", "2", "3"]
+        assert all(len(h) == 2 for h in recs[1]["helpers"].values())
+        hist = json.loads((out / "partition_summary.json").read_text())
+        assert all(sum(1 for n in h if n) == 2 for h in hist["unlabeled"])  # two classes each
         # the cluster's actor table: Flower's client actors ran there, on both nodes
         probe = (
             "import json, ray; ray.init(address='" + address + "', logging_level='ERROR');"
@@ -294,9 +306,11 @@ def test_a_superlink_restart_mid_run_ends_with_every_round_recorded_once(tmp_pat
     out = tmp_path / "run"
     res = deploy(
         tmp_path,
-        f"num-server-rounds=2 seed=2 output-dir='{out}' overrides='{TINY} checkpoint.every=1'",
+        f"num-server-rounds=2 seed=2 output-dir='{out}' "
+        f"overrides='{TINY} fl.num_clients=2 checkpoint.every=1'",
         "--restart-superlink-after-round",
         "1",
+        nodes=2,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "restarted the SuperLink after round 1" in res.stdout
