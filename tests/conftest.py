@@ -173,6 +173,12 @@ def make_reply(arrays: dict[str, np.ndarray], metrics: dict, node: int) -> Messa
     return Message(content=content, reply_to=instruction)
 
 
+def pytest_collection_modifyitems(items):
+    """The real Flower runs first (`slow`, a minute or two each): the two xdist processes then end
+    on short tests instead of one waiting for the other's last deployment."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--cpu-durations",
