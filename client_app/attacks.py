@@ -7,6 +7,8 @@ environment sets FEDDB_TEST_ATTACKS=1. No run-config key reaches this code.
 - inflated_sizes: claim 1000x its labeled and unlabeled counts (n_m/N weighting);
 - scaled_update: send w + 1000 * (w_m - w);
 - sign_flip: send w - (w_m - w);
+  (both keep the BatchNorm running statistics honest: the reply check refuses a negative
+  variance, and an attacker who knows it sends valid ones)
 - nan: send NaN in the first floating array (rejected by the server's reply check).
 """
 
@@ -52,7 +54,7 @@ def apply_attack(
         metrics["num_unlabeled"] *= 1000
     elif kind in ("scaled_update", "sign_flip"):
         factor = 1000.0 if kind == "scaled_update" else -1.0
-        for key in floats:
+        for key in (k for k in floats if not k.endswith(("running_mean", "running_var"))):
             w = received[key].to(state[key].dtype)
             state[key] = (w + factor * (state[key] - w)).contiguous()
     elif kind == "nan":

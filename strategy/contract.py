@@ -122,6 +122,10 @@ def parse_train_reply(
             raise ReplyError(f"array '{key}' is {found}, expected {ref.dtype}{list(ref.shape)}")
         if np.issubdtype(got.dtype, np.floating) and not np.isfinite(got).all():
             raise ReplyError(f"array '{key}' has non-finite values")
+        # a negative running variance makes every later evaluation NaN (BatchNorm's sqrt), and a
+        # norm bound that scales the update keeps it negative
+        if key.endswith("running_var") and (got < 0).any():
+            raise ReplyError(f"array '{key}' has negative variances")
     metrics = dict(content.metric_records["metrics"])
     for key in REQUIRED_COUNTS:
         if not isinstance(metrics.get(key), int) or metrics[key] < 0:

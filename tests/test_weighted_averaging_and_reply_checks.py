@@ -332,3 +332,24 @@ def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
     assert "(2.00x the floor)" in text and "(2.50x the floor)" in text
     assert "resident=false:       6.00 s a round (3.00x the floor" in text
     assert "resident=false" not in report(res)
+
+
+def test_a_negative_running_variance_is_refused_as_malformed():
+    """A BatchNorm variance below 0 (w + 1000·Δ sent on every array did this in a deployment)
+    makes every later loss NaN; the norm bound only scales it, so the reply check refuses it."""
+    from strategy.contract import ReplyError, parse_train_reply
+
+    glob = {**_global(), "bn.running_var": np.ones(2, np.float32)}
+    ok = make_reply(
+        {**_client([1.0, 1.0]), "bn.running_var": np.array([0.0, 2.0], np.float32)},
+        _metrics(0, [0.2, 0.3, 0.5]),
+        node=10,
+    )
+    bad = make_reply(
+        {**_client([1.0, 1.0]), "bn.running_var": np.array([1.0, -0.1], np.float32)},
+        _metrics(1, [0.2, 0.3, 0.5]),
+        node=11,
+    )
+    assert parse_train_reply(ok, glob, K, None)["arrays"]["bn.running_var"][0] == 0.0
+    with pytest.raises(ReplyError, match="'bn.running_var' has negative variances"):
+        parse_train_reply(bad, glob, K, None)
