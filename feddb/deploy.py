@@ -20,22 +20,24 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from .launch import (
     PROJECT,
+    TOKEN_VAR,
     absolute_paths,
-    descendants,
     format_run_config,
     free_port,
     lean_app,
+    marked,
     parse_run_config,
     stop,
-    stop_groups,
 )
 
 
@@ -161,7 +163,10 @@ class LocalDeployment:
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.groups: list[int] = []  # every node's process group, restarted and exited ones too
+        # in every node's environment, which Flower passes on to what it starts (SuperExecs, app
+        # processes, those in sessions of their own included): `close` stops what carries it
+        self.token = f"{TOKEN_VAR}={uuid.uuid4().hex}"
+        self.env[TOKEN_VAR] = self.token.split("=", 1)[1]
         self.node_extra = ""  # node_config every SuperNode gets (allow-methods for a user's)
         self.certs = (
             None if insecure else make_certs(self.workdir / "certs", ["localhost", "127.0.0.1"])
@@ -175,10 +180,8 @@ class LocalDeployment:
             env=env,
             stderr=subprocess.STDOUT,
             stdout=open(self.logs / f"{name}.log", "a"),  # noqa: SIM115 - open while the node runs (a restarted one appends)
-            start_new_session=True,  # its own process group: `close` finds what it started by it
         )
         self.procs[name] = proc
-        self.groups.append(proc.pid)
         return proc
 
     def start_superlink(self) -> None:
@@ -366,15 +369,13 @@ class LocalDeployment:
         """Stop the nodes, then what they started (SuperExecs, app processes). Those end by
         themselves once their parent is gone, but a parent killed and not yet reaped still exists
         for them, and a node that exited early (refused, crashed) may have left its SuperExec
-        behind: so reap the nodes, and stop whatever is left in their process groups, or below
-        them in another group."""
+        behind: so reap the nodes, and stop every process left that carries this deployment's
+        token in its environment."""
         running = [p for p in self.procs.values() if p.poll() is None]
-        started = descendants([p.pid for p in running])
         stop([p.pid for p in running])
         for p in running:
             p.wait()
-        stop_groups(self.groups)
-        stop(started, grace=5.0)
+        stop(marked(self.token), grace=5.0)
 
 
 def run_local(
@@ -415,6 +416,7 @@ def run_local(
         )
         return 2
     dep = LocalDeployment(workdir, insecure, state_db or restart_after_round is not None)
+    chaos = None
     method = str(run_config.get("method", ""))
     if ":" in method:  # a user's method by path: these nodes are the user's own
         dep.node_extra = f"allow-methods='{method}'"
@@ -427,7 +429,6 @@ def run_local(
             dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
-        chaos = None
         metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
         if churn is not None:
             chaos = Churn(
@@ -475,6 +476,9 @@ def run_local(
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
+        if chaos is not None:  # no node restarted behind `close`
+            chaos.done.set()
+            chaos.thread.join(30)
         dep.close()
 
 
@@ -625,6 +629,8 @@ def _wait_for_port(port: int, timeout: float = 30.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind through `close`, as Ctrl-C does
+        signal.signal(sig, lambda num, _frame: sys.exit(128 + num))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")

@@ -572,38 +572,21 @@ def stop(pids: list[int], grace: float = 15.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def stop_groups(pgids: list[int], grace: float = 5.0) -> None:
-    """SIGTERM every process of the process groups, SIGKILL what is left after `grace` seconds.
-    A group outlives its leader: it still holds what an exited leader started and left behind."""
+TOKEN_VAR = "FEDDB_DEPLOYMENT"
+
+
+def marked(token: str) -> list[int]:
+    """Running processes whose environment carries `token` (`NAME=value`), this one left out."""
     from fssl.profiling import live_processes
 
-    def members() -> set[int]:
-        return {int(f[2]) for _, f in live_processes()} & set(pgids)
-
-    def signal_all(groups: set[int], sig: signal.Signals) -> None:
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-
-    signal_all(members(), signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while members() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    signal_all(members(), signal.SIGKILL)
-
-
-def descendants(pids: list[int]) -> list[int]:
-    """Every running process below `pids` (children, theirs, ...), found through /proc."""
-    from fssl.profiling import live_processes
-
-    children: dict[int, list[int]] = {}
-    for pid, fields in live_processes():
-        children.setdefault(int(fields[1]), []).append(pid)
-    found, todo = [], list(pids)
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
+    found = []
+    for pid, _ in live_processes():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if token.encode() in environ and pid != os.getpid():
+            found.append(pid)
     return found
 
 

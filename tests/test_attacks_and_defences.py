@@ -566,3 +566,18 @@ def test_the_defences_sums_over_column_blocks_on_threads_equal_the_whole_sums(mo
         )
         assert robust.median_agreement(g, clients, workers) == pytest.approx(cos, rel=1e-12)
         assert gradient_diversity(g, clients, workers) == pytest.approx(diversity, rel=1e-12)
+
+
+def test_the_update_attacks_keep_batchnorm_statistics_valid(attacks_on):
+    """scaled_update and sign_flip move the weights only: the reply check refuses a negative
+    running variance, and an attacker who knows it sends valid statistics."""
+    import torch
+
+    from client_app.attacks import apply_attack
+
+    received = {"w": torch.zeros(2), "bn.running_var": torch.ones(2)}
+    honest = {"w": torch.ones(2), "bn.running_var": torch.tensor([0.5, 3.0])}
+    for kind, factor in (("scaled_update", 1000.0), ("sign_flip", -1.0)):
+        sent, _ = apply_attack(kind, received, honest, {})
+        assert torch.equal(sent["w"], factor * torch.ones(2))
+        assert torch.equal(sent["bn.running_var"], honest["bn.running_var"])
