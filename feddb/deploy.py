@@ -149,6 +149,9 @@ def _json(text: str) -> dict:
     return json.loads(text[text.find("{") :])
 
 
+STALE_AFTER_RESTART = 150.0  # seconds without a new round after a SuperLink restart
+
+
 class LocalDeployment:
     """One SuperLink and SuperNodes as separate processes on loopback, all stopped by `close`."""
 
@@ -307,6 +310,7 @@ class LocalDeployment:
         SuperNodes; `flwr ls` now confirms the end, checks every 30 s in case the stream broke
         off, and every 2 s once it has."""
         t0 = checked = time.monotonic()
+        stale = None  # (restart time, metrics file, its rounds then) after a SuperLink restart
         stream = subprocess.Popen(
             [_bin("flwr"), "log", str(run_id), "deploy", "--stream"],
             cwd=PROJECT,
@@ -333,6 +337,17 @@ class LocalDeployment:
                         print(f"restarted the SuperLink after round {rounds}", flush=True)
                         restart_after_round = None
                         checked = 0.0  # the log stream broke off with it: ask `flwr ls`
+                        stale = (now, metrics, len(metrics.read_text().splitlines()))
+                if stale is not None and now - stale[0] > STALE_AFTER_RESTART:
+                    if len(stale[1].read_text().splitlines()) == stale[2]:
+                        # its ServerApp died with the old SuperLink and nothing marked the run
+                        # failed (seen under load): stop it, for the caller's resume path
+                        _flwr(["stop", str(run_id), "deploy"], self.env)
+                        return {
+                            "status": f"stale: no round {STALE_AFTER_RESTART:.0f} s after "
+                            "the SuperLink's restart"
+                        }
+                    stale = None
                 streaming = stream.poll() is None
                 if now - checked < (30.0 if streaming else 2.0):
                     continue
