@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from strategy.contract import STAT_SUFFIXES
+
 ATTACKS = ("uniform_app_u", "inflated_sizes", "scaled_update", "sign_flip", "nan")
 ENV = "FEDDB_TEST_ATTACKS"
 
@@ -54,7 +56,7 @@ def apply_attack(
         metrics["num_unlabeled"] *= 1000
     elif kind in ("scaled_update", "sign_flip"):
         factor = 1000.0 if kind == "scaled_update" else -1.0
-        for key in (k for k in floats if not k.endswith(("running_mean", "running_var"))):
+        for key in (k for k in floats if not k.endswith(STAT_SUFFIXES)):
             w = received[key].to(state[key].dtype)
             state[key] = (w + factor * (state[key] - w)).contiguous()
     elif kind == "nan":

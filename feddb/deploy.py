@@ -168,8 +168,7 @@ class LocalDeployment:
         self.procs: dict[str, subprocess.Popen] = {}
         # in every node's environment, which Flower passes on to what it starts (SuperExecs, app
         # processes, those in sessions of their own included): `close` stops what carries it
-        self.token = f"{TOKEN_VAR}={uuid.uuid4().hex}"
-        self.env[TOKEN_VAR] = self.token.split("=", 1)[1]
+        self.token = self.env[TOKEN_VAR] = uuid.uuid4().hex
         self.node_extra = ""  # node_config every SuperNode gets (allow-methods for a user's)
         self.certs = (
             None if insecure else make_certs(self.workdir / "certs", ["localhost", "127.0.0.1"])

@@ -576,16 +576,16 @@ TOKEN_VAR = "FEDDB_DEPLOYMENT"
 
 
 def marked(token: str) -> list[int]:
-    """Running processes whose environment carries `token` (`NAME=value`), this one left out."""
+    """Running processes whose environment has TOKEN_VAR=`token`, this one left out."""
     from fssl.profiling import live_processes
 
-    found = []
+    entry, found = f"{TOKEN_VAR}={token}".encode(), []
     for pid, _ in live_processes():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if token.encode() in environ and pid != os.getpid():
+        if entry in environ and pid != os.getpid():
             found.append(pid)
     return found
 

@@ -31,8 +31,7 @@ from fssl.methods import method_class
 from fssl.train import cosine_lr
 
 from . import contract, robust
-from .contract import ReplyError, arrays_to_numpy, client_record, numpy_to_arrays
-from .robust import STAT_SUFFIXES
+from .contract import STAT_SUFFIXES, ReplyError, arrays_to_numpy, client_record, numpy_to_arrays
 
 
 @dataclass

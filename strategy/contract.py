@@ -16,6 +16,11 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+STAT_SUFFIXES = (
+    "running_mean",
+    "running_var",
+)  # BatchNorm's running statistics: averaged, not trained
+
 # Instruction config keys (server -> client), besides the global arrays.
 ROUND = "server-round"
 LR = "lr"
@@ -124,7 +129,7 @@ def parse_train_reply(
             raise ReplyError(f"array '{key}' has non-finite values")
         # a negative running variance makes every later evaluation NaN (BatchNorm's sqrt), and a
         # norm bound that scales the update keeps it negative
-        if key.endswith("running_var") and (got < 0).any():
+        if key.endswith(STAT_SUFFIXES[1]) and (got < 0).any():
             raise ReplyError(f"array '{key}' has negative variances")
     metrics = dict(content.metric_records["metrics"])
     for key in REQUIRED_COUNTS:

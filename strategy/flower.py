@@ -42,8 +42,7 @@ from fssl.config import ConfigError, choice, mapping
 from fssl.methods import method_class
 
 from .base import ServerSetup, WeightedAverage
-from .contract import arrays_to_numpy
-from .robust import STAT_SUFFIXES
+from .contract import STAT_SUFFIXES, arrays_to_numpy
 
 FLOWER = {
     "fedavg": "FedAvg",

@@ -40,7 +40,6 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import compute_distances
 
-STAT_SUFFIXES = ("running_mean", "running_var")
 RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum")
 
 
