@@ -26,7 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from feddb.report import colours, curve_figure, embed, interval95, load_runs
+from feddb.report import (
+    colours,
+    curve_figure,
+    embed,
+    holm,
+    interval95,
+    load_runs,
+    p_text,
+    paired_test,
+)
 from feddb.reproduce import write_runs
 from server_app.recorder import run_summary
 
@@ -208,35 +217,6 @@ def warmup_matched(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
     )
 
 
-def paired_test(d: list[float]) -> dict[str, Any]:
-    """Mean, 95 % Student-t interval, two-sided paired t-test p-value and the seeds' signs."""
-    from scipy import stats
-
-    m, lo, hi = interval95(d)
-    a = np.asarray(d, dtype=float)
-    if len(a) < 2:
-        p = math.nan
-    elif a.std(ddof=1) == 0:
-        p = 1.0 if m == 0 else 0.0
-    else:
-        p = float(stats.ttest_1samp(a, 0.0).pvalue)
-    return {
-        "interval": (m, lo, hi),
-        "p": p,
-        "signs": (int((a > 0).sum()), int((a < 0).sum())),
-    }
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family."""
-    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
-    out, running = [math.nan] * len(pvalues), 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (len(idx) - rank) * pvalues[i]))
-        out[i] = running
-    return out
-
-
 def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per regime and setting, every claim's comparisons: paired per-seed differences of each
     metric on the seeds both variants have; for the primary endpoint also the p-value, the seeds'
@@ -300,10 +280,6 @@ def verdict(row: dict[str, Any]) -> str:
     if not row["p_holm"] < ALPHA:
         return "not shown"
     return "holds" if row[METRICS[0][0]][0] > 0 else "fails"
-
-
-def p_text(p: float) -> str:
-    return "–" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def interval_text(v: tuple[float, float, float] | None) -> str:

@@ -264,6 +264,39 @@ def interval95(diffs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def paired_test(d: list[float]) -> dict[str, Any]:
+    """Mean, 95 % Student-t interval, two-sided paired t-test p-value and the seeds' signs."""
+    from scipy import stats
+
+    m, lo, hi = interval95(d)
+    a = np.asarray(d, dtype=float)
+    if len(a) < 2:
+        p = math.nan
+    elif a.std(ddof=1) == 0:
+        p = 1.0 if m == 0 else 0.0
+    else:
+        p = float(stats.ttest_1samp(a, 0.0).pvalue)
+    return {
+        "interval": (m, lo, hi),
+        "p": p,
+        "signs": (int((a > 0).sum()), int((a < 0).sum())),
+    }
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    out, running = [math.nan] * len(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (len(idx) - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def p_text(p: float) -> str:
+    return "–" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
 # paired comparisons: (variant, reference); X-FedDPL − X for every X is added
 PAIRS = [
     ("FixMatch", "FedAvg"),
@@ -326,11 +359,16 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
 
 
 def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
+    """The table's comparisons are one family: each row's paired t p-value and Holm's adjustment
+    over the rows, beside the raw interval (an interval clear of 0 need not survive the
+    correction)."""
+    raw = [paired_test(p["diffs"])["p"] for p in rows]
     out = [
-        f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | {what} |",
-        "|---|---|---|---|---|---|---|",
+        f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | p | "
+        f"p, Holm over the table | {what} |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in rows:
+    for p, p_raw, p_holm in zip(rows, raw, holm(raw)):
         ci = "–" if math.isnan(p["low"]) else f"[{p['low']:+.2f}, {p['high']:+.2f}]"
         verdict = (
             "–"
@@ -344,7 +382,7 @@ def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
         out.append(
             f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
             + " ".join(f"{d:+.2f}" for d in p["diffs"])
-            + f" | {p['mean']:+.2f} | {ci} | {verdict} |"
+            + f" | {p['mean']:+.2f} | {ci} | {p_text(p_raw)} | {p_text(p_holm)} | {verdict} |"
         )
     return out
 

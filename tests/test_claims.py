@@ -264,6 +264,40 @@ def test_claims_print_paired_p_values_holm_corrected_and_seed_signs(tmp_path):
     assert "| 0.074 | 0.223 | 3+ 0− |" in md
 
 
+def test_a_reports_paired_table_gives_each_comparison_its_p_and_holms_over_the_table():
+    """`feddb report`'s paired table is one family: the same closed-form p-values as above
+    (3 seeds: p = 1 - |t| / sqrt(t^2 + 2)), and Holm over the table's three rows multiplies the
+    smallest by 3 and the next by 2 (never below the one before it)."""
+    from feddb.report import paired_table
+
+    t1, t2 = 2 * np.sqrt(3), 3 * np.sqrt(3)
+    p_ssl, p_feddb = 1 - t1 / np.sqrt(t1**2 + 2), 1 - t2 / np.sqrt(t2**2 + 2)
+
+    def row(a, diffs):
+        m = float(np.mean(diffs))
+        return {
+            "setting": "s",
+            "a": a,
+            "b": "FedAvg",
+            "seeds": 3,
+            "diffs": diffs,
+            "mean": m,
+            "low": m - 1,
+            "high": m + 1,
+        }
+
+    rows = [
+        row("FixMatch", [1.0, 2.0, 3.0]),
+        row("FedDB", [-1.0, -1.5, -2.0]),
+        row("SemiFL", [0.0, 0.0, 0.0]),
+    ]
+    lines = paired_table(rows, "the interval is")
+    cells = {line.split(" | ")[1]: line.split(" | ")[6:8] for line in lines[2:]}
+    assert cells["FixMatch − FedAvg"] == [f"{p_ssl:.3f}", f"{max(2 * p_ssl, 3 * p_feddb):.3f}"]
+    assert cells["FedDB − FedAvg"] == [f"{p_feddb:.3f}", f"{3 * p_feddb:.3f}"]
+    assert cells["SemiFL − FedAvg"] == ["1.000", "1.000"]
+
+
 def test_a_pair_run_on_two_kinds_of_device_is_unmatched(tmp_path):
     """FixMatch on a GPU (bf16 by default there) against FedDB w/o DPL on the CPU: unmatched."""
     for seed in range(3):
