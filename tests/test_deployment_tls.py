@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,35 @@ def test_a_superlink_restart_mid_run_ends_with_every_round_recorded_once(tmp_pat
     assert [r["round"] for r in recs] == [1, 2]
     assert (tmp_path / "w" / "superlink-state.db").is_file()
     assert not flower_pids(tmp_path / "w")
+
+
+def test_a_run_left_without_rounds_after_a_superlink_restart_is_stopped_for_the_resume_path(
+    tmp_path, monkeypatch
+):
+    """Under load a restarted SuperLink kept a run `running` whose ServerApp had died with the
+    old one, and the drill waited for it forever. Once the bound passes with no new round in
+    metrics.jsonl, `follow` stops the run (`flwr stop`) and returns a status that is not
+    `finished:completed`, which sends `run_local` down its resume path. No Flower process here:
+    the SuperLink's answers are the ones seen in that hang."""
+    from feddb import deploy as deploy_mod
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"round": 1}\n')
+    calls = []
+    monkeypatch.setattr(deploy_mod, "STALE_AFTER_RESTART", 1.0)
+    monkeypatch.setattr(deploy_mod, "_bin", lambda name: shutil.which("true"))
+
+    def flwr(args, env):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(deploy_mod, "_flwr", flwr)
+    dep = LocalDeployment(tmp_path / "w", insecure=True)
+    dep.restart_superlink = lambda: calls.append(["restart"])
+    t0 = time.monotonic()  # without the bound, the run "finishes" after 6 s and the test fails
+    dep.run_status = lambda run_id: {
+        "status": "running" if time.monotonic() - t0 < 6 else "finished:completed"
+    }
+    status = dep.follow(7, restart_after_round=(1, metrics))
+    assert status["status"].startswith("stale")
+    assert calls == [["restart"], ["stop", "7", "deploy"]]
