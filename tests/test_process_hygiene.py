@@ -1,8 +1,12 @@
 """The suite's own check that a test leaves no process behind can fail."""
 
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import pytest
 from conftest import children_left, set_child_subreaper
 
 
@@ -38,3 +42,53 @@ def test_a_deployment_stops_what_a_node_that_exited_early_left_behind(
     )
     assert node.wait(timeout=30) == 0
     dep.close()
+
+
+@pytest.mark.slow
+def test_a_terminated_deployment_with_churn_running_stops_everything_it_started(
+    tmp_path, no_process_left_behind, small_npz
+):
+    """`feddb deploy local` sent SIGTERM (a batch system's stop, a closed terminal's SIGHUP
+    goes the same way) unwinds as Ctrl-C does: the churn thread is stopped first, so no node is
+    started again behind `close`, then every node and what Flower started for them end. Sent
+    once a node has been killed by the churn and is due back."""
+    from conftest import flower_pids
+
+    workdir = tmp_path / "w"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "feddb.deploy",
+            "local",
+            "--nodes",
+            "2",
+            "--insecure",
+            "--workdir",
+            str(workdir),
+            "--churn",
+            "0",
+            "--churn-every",
+            "1,1",
+            "--churn-down",
+            "3,3",
+            "--run-config",
+            f"dataset='npz' data-path='{small_npz}' num-server-rounds=50 "
+            "overrides='fl.num_clients=2 fl.fraction_train=1.0 model.width=8 dataset.num_labeled=150 dataset.val_size=200'",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    churn = workdir / "churn.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if churn.is_file() and '"kill"' in churn.read_text():
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert not flower_pids(workdir)
