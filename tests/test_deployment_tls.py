@@ -253,12 +253,15 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
         res = launch(out)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert len(json.loads((out / "metrics.jsonl").read_text())["clients"]) == 4
-        # the cluster's actor table: Flower's client actors ran there, on both nodes
+        # the cluster's actor table: Flower's client actors ran there, on both nodes; only the
+        # completed run's (the newest job's), not those the failed run had started
         probe = (
             "import json, ray; ray.init(address='" + address + "', logging_level='ERROR');"
-            "a = ray._private.state.actors().values();"
-            "print(json.dumps(sorted({x['Address']['NodeID'] for x in a "
-            "if x['ActorClassName'] == 'ClientAppActor'})))"
+            "a = [x for x in ray._private.state.actors().values() "
+            "if x['ActorClassName'] == 'ClientAppActor'];"
+            "job = lambda x: int.from_bytes(bytes.fromhex(x['JobID']), 'little');"
+            "last = max(map(job, a));"
+            "print(json.dumps(sorted({x['Address']['NodeID'] for x in a if job(x) == last})))"
         )
         actors = subprocess.run(
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
