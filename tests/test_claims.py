@@ -33,6 +33,7 @@ def fake_run(
     complete=True,
     warm_acc=None,
     device="cpu",
+    regime="cpu",
 ):
     """A run's records: its warm-up rounds at a seed's common accuracy (`warm_acc` gives it
     another warm-up), the rest at `final`."""
@@ -46,7 +47,7 @@ def fake_run(
             "partition=dir0.1",
         ]
     )
-    d = root / "cpu" / "mnist10k_dir0.1" / row / f"s{seed}"
+    d = root / regime / "mnist10k_dir0.1" / row / f"s{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     (d / "provenance.json").write_text(
@@ -130,6 +131,24 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
     again = tmp_path / "again"
     assert claims.main([str(tmp_path / "unpacked" / tmp_path.name), "--out", str(again)]) == 0
     assert (again / "claims.csv").read_text() == (out / "claims.csv").read_text()
+
+
+def test_a_regime_of_one_seed_is_tabled_but_decides_nothing(tmp_path):
+    """A reproduction record (one seed re-run on another machine) gets its section and its runs
+    in runs.csv, but no column of verdicts: one paired difference is no test."""
+    for seed in (0, 1):
+        fake_run(tmp_path, "fedavg", seed, 0.80 + seed / 100, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch", seed, 0.90, 0.7, 0.12)
+    fake_run(tmp_path, "fedavg", 0, 0.80, 0.5, 0.14, regime="record")
+    fake_run(tmp_path, "fixmatch", 0, 0.90, 0.7, 0.12, regime="record")
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    verdicts = md[md.index("## Verdicts") : md.index("## cpu regime")]
+    assert "| claim | cpu, δ=0.1 |" in verdicts and "record" not in verdicts
+    assert "## record regime, δ=0.1" in md
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    assert sorted(r["regime"] for r in runs) == ["cpu"] * 4 + ["record"] * 2
 
 
 def test_runs_are_named_by_what_they_ran():
