@@ -36,6 +36,11 @@ def offline(tmp_path, monkeypatch):
         "WANDB_API_KEY": "",
     }.items():
         monkeypatch.setenv(key, value)
+    yield
+    # W&B's service process (wandb-core) outlives a finished run in this process; stop it, or a
+    # later test in this worker finds it among its own leftovers
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 def run(tmp_path, data, logging, method="feddb", rounds=2):
