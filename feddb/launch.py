@@ -441,7 +441,7 @@ def flwr_run(
     if run_config:
         cmd += ["--run-config", run_config]
     try:
-        started = flwr(cmd, env, capture=True)
+        started = start_run(cmd, env)
         stage.cleanup()  # the SuperLink holds the FAB now
         try:
             run_id = json.loads(started.stdout[started.stdout.find("{") :])["run-id"]
@@ -473,6 +473,26 @@ def flwr_run(
         stage.cleanup()
         stop_run(http_port, followers)
         shutil.rmtree(own_home, ignore_errors=True)
+
+
+SUPERLINK_LATE = "Failed to start local SuperLink within"
+
+
+def start_run(cmd: list[str], env: dict, tries: int = 3) -> subprocess.CompletedProcess:
+    """`flwr run`, tried again when Flower's local SuperLink missed the fixed 15 s that Flower 1.41
+    gives its start-up (CI saw it on a machine loaded by two test workers). Flower has killed that
+    SuperLink by then, so the next try starts a fresh one on the same free ports."""
+    started = flwr(cmd, env, capture=True)
+    for attempt in range(2, tries + 1):
+        if SUPERLINK_LATE not in started.stdout + started.stderr:
+            break
+        print(
+            "[launch] Flower's local SuperLink did not start within its 15 s (a busy machine); "
+            f"starting it again ({attempt}/{tries})",
+            flush=True,
+        )
+        started = flwr(cmd, env, capture=True)
+    return started
 
 
 def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:

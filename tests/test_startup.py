@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+import feddb.launch as launch
 from fssl.profiling import Timeline, process_start
 
 
@@ -144,7 +147,6 @@ def _fake(tmp_path, name, body):
 def test_a_ray_head_that_fails_is_reported_and_the_launcher_falls_back(
     tmp_path, monkeypatch, capsys
 ):
-    import feddb.launch as launch
     import feddb.resources as resources
 
     monkeypatch.setattr(
@@ -255,3 +257,33 @@ def test_a_zombie_is_not_alive_and_the_proc_walk_leaves_it_out():
     assert child.pid not in {pid for pid, _ in live_processes()}
     assert alive(os.getpid()) and os.getpid() in {pid for pid, _ in live_processes()}
     child.wait()
+
+
+LATE = (
+    '{"success": false, "error-message": "Starting local SuperLink on 127.0.0.1:47119...\\n\\n'
+    'Failed to start local SuperLink within 15s. See logs at /x/superlink.log."}'
+)
+STARTED_RUN = '{"success": true, "run-id": 7}'
+
+
+@pytest.mark.parametrize(
+    "replies, calls, run_started",
+    [
+        ([LATE, STARTED_RUN], 2, True),  # Flower's SuperLink was late once: a fresh one is started
+        ([LATE, LATE, LATE, STARTED_RUN], 3, False),  # late every time: the third answer stands
+        (['{"success": false, "error-message": "bad FAB"}', STARTED_RUN], 1, False),  # no retry
+    ],
+)
+def test_a_superlink_late_for_flowers_15_s_is_started_again(
+    monkeypatch, replies, calls, run_started
+):
+    made = []
+
+    def fake_flwr(args, env, capture=False):
+        made.append(args)
+        return subprocess.CompletedProcess(args, 1, stdout=replies[len(made) - 1], stderr="")
+
+    monkeypatch.setattr(launch, "flwr", fake_flwr)
+    started = launch.start_run(["run", "app"], {})
+    assert len(made) == calls and all(a == ["run", "app"] for a in made)
+    assert ('"run-id"' in started.stdout) == run_started
