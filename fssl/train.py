@@ -31,8 +31,9 @@ CPU_EVAL_BATCH = 100  # images per CPU evaluation batch: activations that stay i
 
 def no_grad_batch(model: nn.Module, x: torch.Tensor, batch_size: int) -> int:
     """Chunk size of a no-grad pass. On a CPU, a model whose outputs do not depend on the batch
-    runs in cache-sized chunks: the same outputs (bit for bit on one thread, tested; with more,
-    to float rounding), and 1.7-1.9x faster for the CNN than chunks of 250-1024 images
+    runs in cache-sized chunks: the same outputs to float rounding (tested; bit for bit on one
+    thread on an AMD EPYC, not on an AVX-512 Xeon, whose kernels depend on the batch size), and
+    1.7-1.9x faster for the CNN than chunks of 250-1024 images
     (measured, one thread)."""
     if x.device.type == "cpu" and not batch_dependent(model):
         return min(batch_size, CPU_EVAL_BATCH)
