@@ -6,7 +6,7 @@
 
 A table's runs.csv (written by `feddb report` and `feddb claims` beside their tables) lists every run
 it was made from: its sweep row, dataset, partition, scenario, seed, final test accuracy, the commit
-that made it and its exact run-config. This re-runs the selected ones with the current code and that
+and hardware that made it and its exact run-config. This re-runs the selected ones with the current code and that
 run-config, in process (into --out; finished runs there are reused), and compares final test
 accuracy with the published value. It exits 1 if any lands further than --tolerance points away.
 
@@ -42,6 +42,7 @@ FIELDS = [
     "final",
     "selected",
     "commit",
+    "hardware",
     "run_config",
 ]
 
@@ -67,6 +68,7 @@ def run_fields(run: dict) -> dict:
         "final": f"{100 * run['final']:.2f}",
         "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
         "commit": str(prov.get("commit") or "")[:12],
+        "hardware": prov.get("hardware", ""),
         "run_config": json.dumps(rc),
     }
 
@@ -108,6 +110,20 @@ def field(line: dict, key: str) -> str:
     return value if value is not None else (DEFAULT_SCENARIO if key == "scenario" else "")
 
 
+def made_on(line: dict) -> str:
+    """The published run's commit and, where its runs.csv records it, its hardware."""
+    hardware = field(line, "hardware")
+    return f"{line['commit'][:7]}, {hardware}" if hardware else line["commit"][:7]
+
+
+def elsewhere(line: dict, hardware: str) -> str:
+    """Where the re-run ran, when its runs.csv line names other hardware for the published run:
+    the tolerance holds on the machine kind that made a run (floats sum in another order
+    elsewhere). A runs.csv written before the hardware column says nothing."""
+    published = field(line, "hardware")
+    return f" on {hardware}, another machine" if published and hardware != published else ""
+
+
 def rerun_dir(line: dict, out: Path) -> Path:
     """<out>/<regime or ->/[<scenario>/]<dataset>_<partition>/<row>/s<seed>: one folder per
     published run, the paper's scenario without a level of its own."""
@@ -122,9 +138,9 @@ def rerun_dir(line: dict, out: Path) -> Path:
     ).resolve()
 
 
-def rerun(line: dict, out: Path) -> float | None:
+def rerun(line: dict, out: Path) -> tuple[float, str] | None:
     """The run again with the current code and its published run-config, in its own process;
-    its final accuracy (%), None if it failed."""
+    its final accuracy (%) and the hardware it ran on, None if it failed."""
     from feddb.launch import format_run_config
     from feddb.sweep import PROJECT, complete
 
@@ -150,7 +166,9 @@ def rerun(line: dict, out: Path) -> float | None:
             )
             return None
     summary = json.loads((run_dir / "summary.json").read_text())
-    return 100 * summary["final_test_accuracy"]
+    prov = run_dir / "provenance.json"
+    hardware = json.loads(prov.read_text()).get("hardware", "") if prov.is_file() else ""
+    return 100 * summary["final_test_accuracy"], hardware
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     failed = 0
     for line in chosen:
-        got = rerun(line, Path(args.out))
-        if got is None:
+        result = rerun(line, Path(args.out))
+        if result is None:
             failed += 1
             continue
+        got, hardware = result
         diff = got - float(line["final"])
         worst = max(worst, abs(diff))
         ok = abs(diff) <= args.tolerance
@@ -204,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[reproduce] {line['regime'] or '-'} {field(line, 'scenario')} "
             f"{line['dataset']}_{line['partition']} "
             f"{line['row']} seed {line['seed']}: published {float(line['final']):.2f} % "
-            f"({line['commit'][:7]}), now {got:.2f} % ({diff:+.2f}) "
+            f"({made_on(line)}), now {got:.2f} % ({diff:+.2f}){elsewhere(line, hardware)} "
             f"{'ok' if ok else 'OUTSIDE the tolerance'}",
             flush=True,
         )

@@ -172,7 +172,8 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
     small_npz, tmp_path, capsys, task_identity
 ):
     """A run in the sweep layout, its runs.csv line, then `feddb reproduce`: the same code and
-    run-config land on the same accuracy; a published figure moved by 2 points does not pass."""
+    run-config land on the same accuracy; a published figure moved by 2 points does not pass; a
+    run published from another machine is said to be."""
     from localgrid import run_in_process
 
     from feddb import reproduce
@@ -203,6 +204,8 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
         "1",
     )
     assert "output-dir" not in json.loads(line["run_config"])
+    here = json.loads((run_dir / "provenance.json").read_text())["hardware"]
+    assert line["hardware"] == here and "cores" in here
     out = tmp_path / "again"
     assert reproduce.main([str(table), "--select", "regime=cpu seed=1", "--out", str(out)]) == 0
     assert "1 of 1 within 1.5 points (largest difference 0.00)" in capsys.readouterr().out
@@ -211,7 +214,17 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
         table.read_text().replace(f",{line['final']},", f",{float(line['final']) + 2:.2f},")
     )
     assert reproduce.main([str(moved), "--select", "seed=1", "--out", str(out)]) == 1  # reused
-    assert "OUTSIDE the tolerance" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "OUTSIDE the tolerance" in printed and "another machine" not in printed
+    assert f"({line['commit'][:7]}, {here})" in printed
+    other = tmp_path / "other.csv"
+    other.write_text(table.read_text().replace(here, "AMD EPYC 7B13, 2 cores"))
+    assert reproduce.main([str(other), "--select", "seed=1", "--out", str(out)]) == 0
+    assert f"on {here}, another machine ok" in capsys.readouterr().out
+    old = tmp_path / "old.csv"  # written before the hardware column: nothing said
+    old.write_text(table.read_text().replace(here, ""))
+    assert reproduce.main([str(old), "--select", "seed=1", "--out", str(out)]) == 0
+    assert "another machine" not in capsys.readouterr().out
     assert reproduce.main([str(table), "--select", "seed=7", "--out", str(out)]) == 2
     assert reproduce.main([str(table), "--select", "colour=red"]) == 2
     assert "choose from regime" in capsys.readouterr().err
