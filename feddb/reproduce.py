@@ -14,8 +14,8 @@ Tolerance: the same code, configuration and thread count give the same bits on o
 (tested); other machines and thread counts sum floats in another order, and a run's final accuracy
 then moves by up to about a point (seen: 0.65 points on one seed after floating-point-only code
 changes), hence the default of 1.5 points. The authors' exact regime is chaotic: there the same
-change moved FedDB's seed 0 by 6 points, and another device by up to 14 (docs/results.md), so its
-records reproduce only on the code and the machine kind that made them.
+change moved FedDB's seed 0 by 6 points, another CPU by 3.6 and a GPU by up to 14
+(docs/results.md), so its records reproduce only on the code and the machine kind that made them.
 """
 
 from __future__ import annotations
