@@ -57,12 +57,14 @@ def query_nodes(
     timeout: float,
     timeline: Timeline | None = None,
     at_least: float = 30.0,
+    required: bool = True,
 ) -> dict[int, dict[str, int]]:
     """Ask each node its partition id and whether it holds its own data file (and, for the
     start-up timeline, when its process started and imported the ClientApp). A node that does
     not answer well (the SuperLink reports it unavailable while it reconnects after a SuperLink
     restart, or its reply is missing or malformed: replies are untrusted) is asked again until
-    the time is up; then, or at once where its ClientApp failed, the node's reason ends the run."""
+    the time is up; then, or at once where its ClientApp failed, the node's reason ends the run,
+    unless not `required`: then the time-out leaves that node out, with one line."""
     deadline = time.monotonic() + max(timeout, at_least)
     info: dict[int, dict[str, int]] = {}
     started: list[float | None] = []
@@ -91,7 +93,11 @@ def query_nodes(
                 imported.append(rec["imported-at"])
         if failed and time.monotonic() + 2.0 > deadline:
             node, reason = next(iter(failed.items()))
-            raise NodeError(f"node {node} failed to report its partition: {reason}")
+            if required:
+                raise NodeError(f"node {node} failed to report its partition: {reason}")
+            for node, reason in failed.items():
+                print(f"[feddb] node {node} left out: no partition reported ({reason})", flush=True)
+            break
         pending = list(failed)
         if pending:
             time.sleep(2.0)
@@ -112,20 +118,32 @@ def ask_nodes(grid: Grid, nodes: list[int], timeout: float) -> list[tuple[int, M
 
 
 def bind_partitions(
-    grid: Grid, num_clients: int, timeout: float = 60.0, timeline: Timeline | None = None
+    grid: Grid,
+    num_clients: int,
+    timeout: float = 60.0,
+    timeline: Timeline | None = None,
+    min_nodes: int | None = None,
+    at_least: float = 30.0,
 ) -> dict[int, int]:
     """pid -> node id. One node per client when the federation has exactly that many (each
     trains its node_config partition). Nodes without their own data file (simulation) may hold
     several: with fewer SuperNodes than clients (Flower's default simulation has 2), client m goes
     to node m mod N and each instruction names its partition. Nodes with their own data files
-    (deployment) must be one per client; the server waits up to `timeout` s for them."""
+    (deployment) must be one per client; the server waits up to `timeout` s for them, and
+    starts with those that answered, at least `min_nodes` (default: all); a partition whose
+    node did not answer is bound before a later round (`rebind_joined_nodes`)."""
+    min_nodes = num_clients if min_nodes is None else min_nodes
     deadline = time.monotonic() + timeout
     nodes = sorted(grid.get_node_ids())
     while not nodes and time.monotonic() < deadline:
         time.sleep(0.5)
         nodes = sorted(grid.get_node_ids())
-    info = query_nodes(grid, nodes, timeout, timeline) if nodes else {}
+    # a node may die while it is asked (churn): it is left out here and bound when it answers
+    info = query_nodes(grid, nodes, timeout, timeline, at_least, required=False) if nodes else {}
+    asked = set(nodes)
     shared = bool(info) and not any(v["own-data"] for v in info.values())
+    if shared and len(info) != len(nodes):  # a simulation's nodes do not die
+        raise NodeError(f"only {len(info)} of {len(nodes)} nodes reported their partition")
     if shared and len(nodes) != num_clients:
         return {pid: nodes[pid % len(nodes)] for pid in range(num_clients)}
     while len(nodes) < num_clients and time.monotonic() < deadline:
@@ -137,15 +155,26 @@ def bind_partitions(
             f"(node_config data-path) but fl.num_clients={num_clients}: start one SuperNode per "
             "client, or set fl.num_clients to the number of nodes."
         )
-    info.update(query_nodes(grid, [n for n in nodes if n not in info], timeout))
+    late = [n for n in nodes if n not in asked]  # connected since the first question
+    info.update(query_nodes(grid, late, timeout, at_least=at_least, required=False) if late else {})
     node_of: dict[int, int] = {}
     for node, v in sorted(info.items()):
         pid = v["pid"]
         if pid in node_of or not 0 <= pid < num_clients:
             raise NodeError(f"partition-id {pid} is duplicated or outside 0..{num_clients - 1}")
         node_of[pid] = node
-    if len(node_of) != num_clients:
-        raise NodeError(f"only {len(node_of)} of {num_clients} nodes reported their partition")
+    if len(node_of) < max(1, min_nodes):
+        raise NodeError(
+            f"only {len(node_of)} of {num_clients} nodes reported their partition "
+            f"(fl.min_train_clients={min_nodes})"
+        )
+    if len(node_of) < num_clients:
+        missing = sorted(set(range(num_clients)) - set(node_of))
+        print(
+            f"[feddb] partitions {missing} have no node yet: they train once a node holding "
+            "them answers (asked before each round)",
+            flush=True,
+        )
     return node_of
 
 
@@ -255,7 +284,13 @@ def main(grid: Grid, context: Context) -> None:
     if resume_dir is None:
         save_partition(part, ds.y_train, run_dir, cfg)
     timeline.mark("data_ready")
-    node_of = bind_partitions(grid, cfg["fl"]["num_clients"], cfg["fl"]["node_wait"], timeline)
+    node_of = bind_partitions(
+        grid,
+        cfg["fl"]["num_clients"],
+        cfg["fl"]["node_wait"],
+        timeline,
+        min_nodes=cfg["fl"]["min_train_clients"],
+    )
     timeline.mark("nodes_bound")
 
     torch.manual_seed(cfg["seed"])

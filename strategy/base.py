@@ -200,6 +200,7 @@ class WeightedAverage(FedAvg):
                 message_type=message_type,
             )
             for p in pids
+            if p in self.node_of  # a deployment's partition whose node has not answered yet
         ]
 
     def extra_records(self, pid: int, server_round: int, message_type: str) -> dict[str, Any]:
@@ -401,11 +402,14 @@ class WeightedAverage(FedAvg):
             failures.append({"partition_id": pid, "node_id": node, "reason": reason})
         for pid in sampled:
             if pid not in answered:
+                node = self.node_of.get(pid)
                 failures.append(
                     {
                         "partition_id": pid,
-                        "node_id": self.node_of.get(pid),
-                        "reason": "no reply within fl.round_timeout (node failed or gone)",
+                        "node_id": node,
+                        "reason": "no node holds this partition yet"
+                        if node is None
+                        else "no reply within fl.round_timeout (node failed or gone)",
                     }
                 )
         for f in failures:

@@ -221,7 +221,9 @@ class FlowerStrategy(WeightedAverage):
         if not pids:  # no client has anything to learn (labels at the server): nothing to send
             self.inner_config = {}
             return super().configure_train(server_round, arrays, config, grid)
-        nodes = sorted({self.node_of[p] for p in pids}) if self.node_of else [0]
+        nodes = (
+            sorted({self.node_of[p] for p in pids if p in self.node_of}) if self.node_of else [0]
+        )
         trained = ArrayRecord(
             {k: Array(np.ascontiguousarray(self.global_arrays[k])) for k in self.trained_keys()}
         )

@@ -523,3 +523,56 @@ def test_the_partition_query_asks_again_a_node_whose_answer_was_lost_or_malforme
 
     with pytest.raises(NodeError, match="node 10 failed to report its partition: .*'info'"):
         query_nodes(Grid({10: ["empty"]}), [10], timeout=1.0, at_least=1.0)
+
+
+def test_a_deployment_starts_without_a_node_that_died_while_asked_its_partition(capsys):
+    """Churn at start-up: node 11 was killed while the ServerApp asked each node its partition,
+    and its reply never comes (Flower's 'objects unavailable'). The run starts with the others,
+    says which partition waits, and that partition's instructions are not sent (a failure with
+    its reason) until a node holding it answers before a later round; with fewer answering
+    nodes than fl.min_train_clients it does not start."""
+    from flwr.app import ConfigRecord as Config
+    from flwr.app import Error
+
+    from server_app.app import NodeError, bind_partitions
+    from strategy.base import WeightedAverage
+
+    class Grid:
+        def get_node_ids(self):
+            return [10, 11, 12]
+
+        def send_and_receive(self, msgs, timeout):
+            out = []
+            for m in msgs:
+                node = m.metadata.dst_node_id
+                m.metadata.__dict__["_message_id"] = f"q{node}"
+                if node == 11:
+                    reply = Message(
+                        Error(code=0, reason="Reply message objects are unavailable"), reply_to=m
+                    )
+                else:
+                    info = Config({"partition-id": node - 10, "own-data": 1})
+                    reply = Message(RecordDict({"info": info}), reply_to=m)
+                out.append(reply)
+            return out
+
+    node_of = bind_partitions(Grid(), 3, timeout=1.0, min_nodes=2, at_least=1.0)
+    assert node_of == {0: 10, 2: 12}
+    printed = capsys.readouterr().out
+    assert "node 11 left out: no partition reported" in printed
+    assert "partitions [1] have no node yet" in printed
+    with pytest.raises(NodeError, match="only 2 of 3 nodes reported their partition"):
+        bind_partitions(Grid(), 3, timeout=1.0, min_nodes=3, at_least=1.0)
+
+    class Strategy:
+        def bind_nodes(self, node_of):
+            WeightedAverage.bind_nodes(self, node_of)
+
+        def extra_records(self, pid, server_round, message_type):
+            return {}
+
+    strategy = Strategy()
+    strategy.bind_nodes(node_of)
+    config = Config({"server-round": 1})
+    sent = WeightedAverage._messages(strategy, [0, 1, 2], ArrayRecord(), config, "train")
+    assert [m.metadata.dst_node_id for m in sent] == [10, 12]
