@@ -400,8 +400,9 @@ def run_local(
     kill_node_after: float | None = None,
     kill_after_round: int | None = None,
     churn: int | None = None,
-    churn_every: tuple[float, float] = (8.0, 20.0),
+    churn_every: tuple[float, float] = (30.0, 90.0),
     churn_down: tuple[float, float] = (4.0, 12.0),
+    churn_burst: tuple[int, int] = (1, 3),
     churn_kills: int | None = None,
     churn_after_round: int | None = None,
     restart_after_round: int | None = None,
@@ -421,14 +422,18 @@ def run_local(
                 file=sys.stderr,
             )
             return 2
-    data_files = export_data(run_config, workdir / "data")
-    if len(data_files) != nodes:
+    from server_app.config import resolve
+
+    clients = resolve(run_config)[0]["fl"]["num_clients"]
+    if clients != nodes:  # before any file is written
         print(
-            f"error: the configuration has {len(data_files)} clients (fl.num_clients) but "
-            f"--nodes {nodes}",
+            f"error: the configuration has {clients} clients (fl.num_clients) but --nodes "
+            f"{nodes}: add overrides='fl.num_clients={nodes}' to --run-config, or start "
+            f"--nodes {clients}",
             file=sys.stderr,
         )
         return 2
+    data_files = export_data(run_config, workdir / "data")
     dep = LocalDeployment(workdir, insecure, state_db or restart_after_round is not None)
     chaos = None
     method = str(run_config.get("method", ""))
@@ -454,6 +459,7 @@ def run_local(
                 dep.workdir / "churn.jsonl",
                 churn_every,
                 churn_down,
+                burst=churn_burst,
                 max_kills=churn_kills,
                 after_round=None if churn_after_round is None else (churn_after_round, metrics),
             )
@@ -507,13 +513,33 @@ def span(text: str, flag: str) -> tuple[float, float]:
     return a, b
 
 
+def burst(text: str | None, nodes: int) -> tuple[int, int]:
+    """`A,B` nodes, 1 <= A <= B <= nodes; ValueError naming --churn-burst otherwise. None: one
+    to three nodes, at most all of them."""
+    if text is None:
+        return 1, max(1, min(3, nodes))
+    try:
+        a, b = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--churn-burst takes two whole numbers of nodes, A,B (got {text!r})"
+        ) from None
+    if not 1 <= a <= b <= nodes:
+        raise ValueError(f"--churn-burst {text}: needs 1 <= A <= B <= --nodes ({nodes})")
+    return a, b
+
+
 class Churn:
     """SuperNodes leaving and joining at random (seeded) times while a run goes on: every
-    `every` seconds (drawn uniformly) one running node is killed, and comes back `down` seconds
-    later with the same key and data file (a machine that crashed and rebooted); the ServerApp
-    binds its partition to the new node at the next round (server_app.app.rebind_joined_nodes).
-    Each event, and the resident memory of the SuperLink and the SuperNodes sampled every 2 s, go
-    to `log` (JSON lines); `stop` returns a one-line summary."""
+    `every` seconds (drawn uniformly) `burst` running nodes (a number drawn uniformly) are killed
+    at once, and come back `down` seconds later with the same keys and data files (machines that
+    crashed and rebooted); the ServerApp binds a partition whose node came back under a new id
+    before a round (server_app.app.RejoinedNodes).
+    Each event, and the resident memory of the SuperLink and the SuperNodes (sampled every 2 s,
+    written every 30 s), go to `log` (JSON lines); `stop` returns a one-line summary."""
+
+    RETRY = 10.0  # seconds before a refused node is started again
+    MEMORY_EVERY = 30.0  # seconds between memory lines in the log
 
     def __init__(
         self,
@@ -523,8 +549,9 @@ class Churn:
         keys: list[Path],
         seed: int,
         log: Path,
-        every: tuple[float, float] = (8.0, 20.0),
+        every: tuple[float, float] = (30.0, 90.0),
         down: tuple[float, float] = (4.0, 12.0),
+        burst: tuple[int, int] = (1, 3),
         max_kills: int | None = None,
         after_round: tuple[int, Path] | None = None,
     ) -> None:
@@ -532,11 +559,13 @@ class Churn:
         import threading
 
         self.dep, self.nodes, self.data_files, self.keys = dep, nodes, data_files, keys
-        self.rng, self.every, self.down = random.Random(seed), every, down
+        self.rng, self.every, self.down, self.burst = random.Random(seed), every, down, burst
         self.log, self.done = log, threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.kills, self.restarts, self.peak, self.first = 0, 0, {}, {}
+        self.next_memory = 0.0
         self.restarted: set[int] = set()
+        self.next_try: dict[int, float] = {}  # a refused node: when to start it again
         self.max_kills, self.after_round = max_kills, after_round
 
     def start(self) -> None:
@@ -560,9 +589,15 @@ class Churn:
         return out
 
     def sample(self) -> None:
-        for name, mb in self.rss().items():
+        """Peaks every 2 s; every `MEMORY_EVERY` s a line with each process's memory, whether
+        it stays bounded over a long soak."""
+        now = self.rss()
+        for name, mb in now.items():
             self.first.setdefault(name, mb)
             self.peak[name] = max(self.peak.get(name, 0.0), mb)
+        if time.monotonic() >= self.next_memory:
+            self.next_memory = time.monotonic() + self.MEMORY_EVERY
+            self.note(event="memory", rss_mb={k: round(v) for k, v in sorted(now.items())})
 
     def wait(self, seconds: float) -> bool:
         """Sample memory, and start again a restarted node the SuperLink turned away, while
@@ -578,10 +613,16 @@ class Churn:
     def readmit(self) -> None:
         """A restarted authenticated node is refused ("Failed to activate SuperNode", exit 305)
         until the SuperLink has expired its old session (2 x 30 s of missed heartbeats): start
-        it again, as a machine that keeps rebooting would, until it is let in."""
+        it again `RETRY` s after it exits, as a service manager would, until it is let in (a
+        node started every 2 s for that minute took most of a 2-core machine)."""
+        now = time.monotonic()
         for i in sorted(self.restarted):
             proc = self.dep.procs.get(f"supernode_{i}")
-            if proc is not None and proc.poll() is not None:
+            if proc is None or proc.poll() is None:
+                continue
+            due = self.next_try.setdefault(i, now + self.RETRY)
+            if now >= due:
+                del self.next_try[i]
                 self.start_node(i)
                 self.note(event="restart", node=i, after_exit=proc.returncode)
 
@@ -607,15 +648,21 @@ class Churn:
             if self.max_kills is not None and self.kills >= self.max_kills:
                 self.wait(1e9)  # memory is still sampled until the run ends
                 break
-            i = self.rng.randrange(self.nodes)
-            self.dep.crash(f"supernode_{i}")
-            self.kills += 1
-            self.note(event="kill", node=i)
+            count = self.rng.randint(*self.burst)
+            if self.max_kills is not None:
+                count = min(count, self.max_kills - self.kills)
+            victims = sorted(self.rng.sample(range(self.nodes), min(count, self.nodes)))
+            for i in victims:
+                self.dep.crash(f"supernode_{i}")
+                self.next_try.pop(i, None)
+                self.kills += 1
+                self.note(event="kill", node=i)
             if self.wait(self.rng.uniform(*self.down)):
                 break
-            self.start_node(i)
-            self.restarts += 1
-            self.note(event="restart", node=i)
+            for i in victims:
+                self.start_node(i)
+                self.restarts += 1
+                self.note(event="restart", node=i)
 
     def stop(self) -> str:
         self.done.set()
@@ -684,14 +731,21 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="SEED",
-        help="kill a random SuperNode every 8-20 s and restart it 4-12 s later, drawn from SEED; "
-        "events and memory in <workdir>/churn.jsonl (the soak: --nodes 6, 20+ rounds)",
+        help="every 30-90 s kill 1-3 random SuperNodes at once and restart them 4-12 s later, "
+        "drawn from SEED; events and memory in <workdir>/churn.jsonl (the soak: --nodes 6, 20+ "
+        "rounds)",
     )
     lo.add_argument(
         "--churn-every",
-        default="8,20",
+        default="30,90",
         metavar="A,B",
         help="seconds between kills, drawn in [A, B]",
+    )
+    lo.add_argument(
+        "--churn-burst",
+        default=None,
+        metavar="A,B",
+        help="nodes killed at once, drawn in [A, B] (default 1,3, or 1,N with fewer nodes)",
     )
     lo.add_argument(
         "--churn-down", default="4,12", metavar="A,B", help="seconds a killed node stays down"
@@ -749,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
             args.churn,
             span(args.churn_every, "--churn-every"),
             span(args.churn_down, "--churn-down"),
+            burst(args.churn_burst, args.nodes),
             args.churn_kills,
             args.churn_after_round,
             args.restart_superlink_after_round,

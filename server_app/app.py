@@ -32,7 +32,7 @@ from strategy.contract import ReplyError, arrays_to_numpy, numpy_to_arrays, pars
 
 from .config import resolve
 from .recorder import RoundRecorder
-from .rounds import RoundLoop
+from .rounds import RoundLoop, collect, push
 
 app = ServerApp()
 
@@ -131,7 +131,8 @@ def bind_partitions(
     to node m mod N and each instruction names its partition. Nodes with their own data files
     (deployment) must be one per client; the server waits up to `timeout` s for them, and
     starts with those that answered, at least `min_nodes` (default: all); a partition whose
-    node did not answer is bound before a later round (`rebind_joined_nodes`)."""
+    node did not answer is bound before a later round (`RejoinedNodes`)."""
+    needed = "all needed" if min_nodes is None else f"fl.min_train_clients={min_nodes}"
     min_nodes = num_clients if min_nodes is None else min_nodes
     deadline = time.monotonic() + timeout
     nodes = sorted(grid.get_node_ids())
@@ -165,8 +166,7 @@ def bind_partitions(
         node_of[pid] = node
     if len(node_of) < max(1, min_nodes):
         raise NodeError(
-            f"only {len(node_of)} of {num_clients} nodes reported their partition "
-            f"(fl.min_train_clients={min_nodes})"
+            f"only {len(node_of)} of {num_clients} nodes reported their partition ({needed})"
         )
     if len(node_of) < num_clients:
         missing = sorted(set(range(num_clients)) - set(node_of))
@@ -178,38 +178,98 @@ def bind_partitions(
     return node_of
 
 
-def rebind_joined_nodes(grid: Grid, strategy: WeightedAverage, num_clients: int) -> list[int]:
-    """Before a round of a deployment: SuperNodes that connected since the last look (a node
-    restarted after a crash, or one replacing it) are asked their partition, which then goes to
-    them; the partitions that moved are returned. A node that does not answer within 30 s, or
-    names no partition of this run, is left out until it does."""
-    connected = set(grid.get_node_ids())
-    known = set(strategy.node_of.values())
-    joined = [n for n in sorted(connected) if n not in known]
-    if not joined:
-        return []
-    try:
-        info = query_nodes(grid, joined, 30.0, at_least=30.0)
-    except NodeError as err:
-        print(f"[feddb] a joining node was not bound: {err}", flush=True)
-        return []
-    node_of, moved = dict(strategy.node_of), []
-    claims: dict[int, list[int]] = {}
-    for node, v in sorted(info.items()):
-        if v["own-data"] and 0 <= v["pid"] < num_clients:
-            claims.setdefault(v["pid"], []).append(node)
-    for pid, nodes in sorted(claims.items()):
-        # a partition moves only from a node that has gone, and only to one claimant: a second
-        # node naming a live node's partition (a misconfigured or dishonest one) takes nothing
-        if node_of.get(pid) in connected or len(nodes) > 1:
-            print(f"[feddb] partition {pid} not rebound to nodes {nodes}", flush=True)
-            continue
-        node_of[pid] = nodes[0]
-        moved.append(pid)
-    if moved:
-        print(f"[feddb] partitions {moved} rejoined on new nodes", flush=True)
-        strategy.bind_nodes(node_of)
-    return moved
+class RejoinedNodes:
+    """Before each round of a deployment: SuperNodes that connected since the last look (a node
+    restarted after a crash, or one replacing it, or one left out at start-up) are asked their
+    partition, which then goes to them. A question waits at most `wait` s within the round (a
+    live node's ClientApp answers in a few seconds) and then stays open across rounds, its
+    answer taken whenever it arrives: a node that died meanwhile costs no round more than `wait`,
+    and no node is asked again while its question is open (for up to `expire` s) or within
+    `retry` s of a refusal (it named no partition of this run)."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        strategy: WeightedAverage,
+        num_clients: int,
+        wait: float = 10.0,
+        retry: float = 60.0,
+        expire: float = 300.0,
+    ) -> None:
+        self.grid, self.strategy, self.num_clients = grid, strategy, num_clients
+        self.wait, self.retry, self.expire = wait, retry, expire
+        self.open: dict[str, tuple[int, float]] = {}  # question's message id -> (node, sent at)
+        self.refused: dict[int, float] = {}  # node -> when it answered with no usable partition
+
+    def __call__(self, server_round: int = 0) -> list[int]:
+        """The partitions that moved to a new node (their instructions of this round go to it)."""
+        now = time.monotonic()
+        self.open = {m: (n, t) for m, (n, t) in self.open.items() if now - t < self.expire}
+        connected = set(self.grid.get_node_ids())
+        asking = {n for n, _ in self.open.values()}
+        joined = [
+            n
+            for n in sorted(connected - set(self.strategy.node_of.values()) - asking)
+            if now - self.refused.get(n, -self.retry) >= self.retry
+        ]
+        answers = self.ask(joined, now) if joined else []
+        if getattr(self.grid, "synchronous", False):  # answered at once, or never
+            info = self.read(answers)
+            self.open.clear()
+            return self.bind(info, connected)
+        if self.open:  # with the answers that came while earlier rounds ran
+            answers += collect(self.grid, set(self.open), self.wait if joined else 0.0)
+        return self.bind(self.read(answers), connected)
+
+    def ask(self, nodes: list[int], now: float) -> list[Message]:
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+        sent = push(self.grid, msgs)
+        for m in msgs:
+            self.open[m.metadata.message_id] = (m.metadata.dst_node_id, now)
+        return [] if isinstance(sent, set) else list(sent)  # an in-process grid answers at once
+
+    def read(self, answers: list[Message]) -> dict[int, dict[str, int]]:
+        """node -> its partition and whether it holds its own data file, from well-formed answers
+        (replies are untrusted); a lost one (the node died or reconnects) is asked again."""
+        info = {}
+        for reply in answers:
+            node, _ = self.open.pop(reply.metadata.reply_to_message_id, (None, 0.0))
+            if node is None:
+                continue
+            try:
+                if reply.has_error():
+                    raise ReplyError(reply.error.reason)
+                rec = parse_node_info(reply)
+            except ReplyError as err:
+                if "unavailable" not in str(err).lower():
+                    self.refused[node] = time.monotonic()
+                print(f"[feddb] joining node {node} not bound: {err}", flush=True)
+                continue
+            info[node] = {"pid": rec["pid"], "own-data": rec["own-data"]}
+        return info
+
+    def bind(self, info: dict[int, dict[str, int]], connected: set[int]) -> list[int]:
+        node_of, moved = dict(self.strategy.node_of), []
+        claims: dict[int, list[int]] = {}
+        for node, v in sorted(info.items()):
+            if v["own-data"] and 0 <= v["pid"] < self.num_clients:
+                claims.setdefault(v["pid"], []).append(node)
+            else:
+                self.refused[node] = time.monotonic()
+        for pid, nodes in sorted(claims.items()):
+            # a partition moves only from a node that has gone, and only to one claimant: a second
+            # node naming a live node's partition (a misconfigured or dishonest one) takes nothing
+            if node_of.get(pid) in connected or len(nodes) > 1:
+                print(f"[feddb] partition {pid} not rebound to nodes {nodes}", flush=True)
+                for node in nodes:
+                    self.refused[node] = time.monotonic()
+                continue
+            node_of[pid] = nodes[0]
+            moved.append(pid)
+        if moved:
+            print(f"[feddb] partitions {moved} rejoined on new nodes", flush=True)
+            self.strategy.bind_nodes(node_of)
+        return moved
 
 
 def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None:
@@ -328,7 +388,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     loop = RoundLoop(strategy, grid, server)
     if not simulation:  # SuperNodes may leave and join during the run
-        loop.before_round = lambda _: rebind_joined_nodes(grid, strategy, cfg["fl"]["num_clients"])
+        loop.before_round = RejoinedNodes(grid, strategy, cfg["fl"]["num_clients"])
 
     def after_round(server_round: int, current: ArrayRecord) -> None:
         if not timeline.written:

@@ -42,13 +42,14 @@ def collect(grid: Grid, pending: Any, timeout: float) -> list[Message]:
         return pending
     ids, replies = set(pending), []
     deadline, pause = time.monotonic() + timeout, 0.002
-    while ids and time.monotonic() < deadline:
+    while ids:  # asked at least once, even with no time to wait
         got = list(grid.pull_messages(ids))
         replies += got
         ids -= {m.metadata.reply_to_message_id for m in got}
-        if ids:
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.05)  # short waits early, at most 20 polls a second
+        if not ids or time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.05)  # short waits early, at most 20 polls a second
     return replies
 
 

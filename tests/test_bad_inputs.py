@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -240,12 +241,48 @@ CASES = [
     ),
 ]
 
+# `feddb deploy local`'s own options: (flags, run-config), answered before a process starts
+TWO_NODES = "overrides='fl.num_clients=2'"
+DEPLOY_CASES = [
+    (
+        "deployment",
+        "--nodes other than fl.num_clients",
+        (("--nodes", "3"), TWO_NODES),
+        "fl.num_clients",
+    ),
+    (
+        "deployment",
+        "--churn-every backwards",
+        (("--churn", "1", "--churn-every", "90,30"), TWO_NODES),
+        "--churn-every",
+    ),
+    (
+        "deployment",
+        "--churn-every not seconds",
+        (("--churn", "1", "--churn-every", "often"), TWO_NODES),
+        "--churn-every",
+    ),
+    (
+        "deployment",
+        "--churn-burst above --nodes",
+        (("--churn", "1", "--churn-burst", "1,3"), TWO_NODES),
+        "--churn-burst",
+    ),
+    (
+        "deployment",
+        "--churn-after-round without output-dir",
+        (("--churn", "1", "--churn-after-round", "2"), TWO_NODES),
+        "output-dir",
+    ),
+]
+
 
 def cases() -> list[tuple]:
-    """Each case for `feddb local`, and the run-config ones for `feddb run` too (its preflight
-    answers before Ray or a SuperLink starts)."""
+    """Each case for `feddb local`, the run-config ones for `feddb run` too (its preflight
+    answers before Ray or a SuperLink starts), and `feddb deploy local`'s own options."""
     out = [(*c, "local") for c in CASES]
     out += [(*c, "run") for c in CASES if c[0] == "run-config"][:4]
+    out += [(*c, "deploy local") for c in DEPLOY_CASES]
     return out
 
 
@@ -254,6 +291,22 @@ def snapshot(root: Path) -> dict[str, int]:
 
 
 def answer(tmp: Path, item, command: str, capsys) -> tuple[int, str]:
+    if command == "deploy local":
+        from feddb.deploy import main as deploy_main
+
+        flags, rc = item
+        nodes = [] if "--nodes" in flags else ["--nodes", "2"]
+        argv = ["local", *nodes, *flags, "--workdir", str(tmp / "w"), "--run-config", rc]
+        before = snapshot(tmp)
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            code = deploy_main(argv)
+        finally:  # deploy's main installs its own
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        err = capsys.readouterr().err.strip()
+        assert snapshot(tmp) == before, "the directory changed"
+        return code, err
     rc = item(tmp) if callable(item) else item
     rc = f"{rc} output-dir='{tmp}/out'" if "resume" not in rc else rc
     before = snapshot(tmp)

@@ -3,6 +3,7 @@ malformed and failing clients, crash and resume, determinism."""
 
 import json
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -435,44 +436,93 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_previous_one(baseline, s
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
 
 
+def info_reply(question, pid: int, own: int):
+    """A node's answer to the partition query, as Flower delivers it."""
+    from flwr.app import ConfigRecord as Config
+
+    rec = RecordDict({"info": Config({"partition-id": pid, "own-data": own})})
+    reply = Message(content=rec, reply_to=question)
+    reply.metadata.__dict__["_src_node_id"] = question.metadata.dst_node_id
+    return reply
+
+
+class JoinStrategy:
+    """The strategy's side of rebinding: which node holds each partition."""
+
+    def __init__(self, node_of):
+        self.node_of = dict(node_of)
+
+    def bind_nodes(self, node_of):
+        from strategy.base import WeightedAverage
+
+        WeightedAverage.bind_nodes(self, node_of)
+
+
 def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
     """A SuperNode restarted under a new node id (or one replacing a dead machine) answers the
     partition query before the next round, and its partition's instructions go to it; a node that
     names a partition outside the run, holds no data file of its own, or names the partition of a
     node still connected, is left out."""
-    from flwr.app import ConfigRecord as Config
-
-    from server_app.app import rebind_joined_nodes
-    from strategy.base import WeightedAverage
+    from server_app.app import RejoinedNodes
 
     # node -> (partition-id, own-data): 21 takes partition 0, whose node 10 has gone; 24 names
     # partition 2, whose node 12 is still connected, and takes nothing
     answers = {21: (0, 1), 22: (7, 1), 23: (1, 0), 24: (2, 1)}
 
     class Grid:
+        synchronous = True  # answers at once, as the in-process grid does
+
         def get_node_ids(self):
             return [11, 12, 21, 22, 23, 24]
 
-        def send_and_receive(self, msgs, timeout):
-            out = []
+        def send_and_receive(self, msgs, timeout=None):
             for m in msgs:
                 m.metadata.__dict__["_message_id"] = f"q{m.metadata.dst_node_id}"
-                pid, own = answers[m.metadata.dst_node_id]
-                rec = RecordDict({"info": Config({"partition-id": pid, "own-data": own})})
-                reply = Message(content=rec, reply_to=m)
-                reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
-                out.append(reply)
-            return out
+            return [info_reply(m, *answers[m.metadata.dst_node_id]) for m in msgs]
 
-    class Strategy:
-        node_of = {0: 10, 1: 11, 2: 12}
-
-        def bind_nodes(self, node_of):
-            WeightedAverage.bind_nodes(self, node_of)
-
-    strategy = Strategy()
-    assert rebind_joined_nodes(Grid(), strategy, 3) == [0]
+    strategy = JoinStrategy({0: 10, 1: 11, 2: 12})
+    assert RejoinedNodes(Grid(), strategy, 3)() == [0]
     assert strategy.node_of == {0: 21, 1: 11, 2: 12} and strategy.pids_on[21] == [0]
+
+
+def test_a_joining_node_that_answers_late_costs_no_round_more_than_the_wait():
+    """In a deployment a joining node's question waits `wait` s within a round, then stays open:
+    the node is not asked again while it is, its late answer binds its partition before a later
+    round, and a node that named no partition of the run is not asked again until `retry` s."""
+    from server_app.app import RejoinedNodes
+
+    class Grid:
+        def __init__(self):
+            self.nodes, self.asked, self.inbox, self.count = [11, 21, 22], [], {}, 0
+
+        def get_node_ids(self):
+            return self.nodes
+
+        def push_messages(self, msgs):
+            for m in msgs:
+                self.count += 1
+                m.metadata.__dict__["_message_id"] = f"q{self.count}"
+                self.asked.append(m.metadata.dst_node_id)
+            self.sent = {m.metadata.message_id: m for m in msgs}
+            return list(self.sent)
+
+        def answer(self, node, pid):
+            m = next(m for m in self.sent.values() if m.metadata.dst_node_id == node)
+            self.inbox[m.metadata.message_id] = info_reply(m, pid, 1)
+
+        def pull_messages(self, ids):
+            return [self.inbox.pop(i) for i in list(ids) if i in self.inbox]
+
+    grid, strategy = Grid(), JoinStrategy({0: 10, 1: 11})
+    rejoin = RejoinedNodes(grid, strategy, 2, wait=0.05, retry=60.0)
+    t0 = time.monotonic()
+    assert rejoin() == [] and time.monotonic() - t0 < 2.0  # nobody answered within the wait
+    assert sorted(grid.asked) == [21, 22]
+    grid.answer(22, 5)  # 22 names a partition outside the run
+    assert rejoin() == [] and sorted(grid.asked) == [21, 22]  # open or refused: not asked again
+    grid.answer(21, 0)  # late: partition 0, whose node 10 has gone
+    assert rejoin() == [0] and strategy.node_of == {0: 21, 1: 11}
+    assert rejoin() == [] and sorted(grid.asked) == [21, 22] and not rejoin.open
 
 
 def test_the_partition_query_asks_again_a_node_whose_answer_was_lost_or_malformed():
