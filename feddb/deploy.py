@@ -16,6 +16,7 @@ it), then stops every process it started. `--insecure` turns TLS and authenticat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import ipaddress
 import json
@@ -374,9 +375,17 @@ class LocalDeployment:
             return None
 
     def crash(self, name: str) -> None:
-        """SIGKILL the node (no clean shutdown) and reap it: what it started (its SuperExec, app
-        processes) ends when the node is gone, and a killed node not yet reaped is not gone."""
+        """SIGKILL the process `name` and reap it. A SuperNode takes every process it started
+        with it (its SuperExec, ClientApp processes, resident worker: each carries the node's
+        FLWR_HOME), as a machine that crashes does: killed alone, a node left them behind (its
+        SuperExec lived on for minutes, its ClientApp processes and resident worker, 600 MB,
+        longer), and a churn soak piled up orphans that took the cores the live nodes needed.
+        The SuperLink goes alone: its ServerApp may outlive it (the restart drill)."""
         self.procs[name].kill()
+        for _ in range(2 if name.startswith("supernode") else 0):  # again: a child started late
+            for pid in marked(str(self.workdir / f"home-{name}"), "FLWR_HOME"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.procs[name].wait()
 
     def close(self) -> None:
@@ -559,12 +568,13 @@ class Churn:
         import threading
 
         self.dep, self.nodes, self.data_files, self.keys = dep, nodes, data_files, keys
-        self.rng, self.every, self.down, self.burst = random.Random(seed), every, down, burst
+        self.rng, self.every, self.downtime, self.burst = random.Random(seed), every, down, burst
         self.log, self.done = log, threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
         self.kills, self.restarts, self.peak, self.first = 0, 0, {}, {}
         self.next_memory = 0.0
         self.restarted: set[int] = set()
+        self.down: set[int] = set()  # killed and not yet due back: not readmitted meanwhile
         self.next_try: dict[int, float] = {}  # a refused node: when to start it again
         self.max_kills, self.after_round = max_kills, after_round
 
@@ -616,7 +626,7 @@ class Churn:
         it again `RETRY` s after it exits, as a service manager would, until it is let in (a
         node started every 2 s for that minute took most of a 2-core machine)."""
         now = time.monotonic()
-        for i in sorted(self.restarted):
+        for i in sorted(self.restarted - self.down):
             proc = self.dep.procs.get(f"supernode_{i}")
             if proc is None or proc.poll() is None:
                 continue
@@ -654,12 +664,14 @@ class Churn:
             victims = sorted(self.rng.sample(range(self.nodes), min(count, self.nodes)))
             for i in victims:
                 self.dep.crash(f"supernode_{i}")
+                self.down.add(i)
                 self.next_try.pop(i, None)
                 self.kills += 1
                 self.note(event="kill", node=i)
-            if self.wait(self.rng.uniform(*self.down)):
+            if self.wait(self.rng.uniform(*self.downtime)):
                 break
             for i in victims:
+                self.down.discard(i)
                 self.start_node(i)
                 self.restarts += 1
                 self.note(event="restart", node=i)

@@ -1,17 +1,20 @@
 """A deployment round beside Flower's own floor, in one call: `feddb overhead --deployment`.
 
 One SuperLink and N SuperNodes on this machine, TLS and SuperNode authentication on (as `feddb
-deploy local`), run three apps in turn on the same nodes, every node every round:
+deploy local`), run on the same nodes, every node every round, one after another:
 - Flower's floor: a ServerApp/ClientApp pair that only sends the model's arrays to the nodes and
   has them echoed back (feddb/overhead.py's echo pair);
-- the project with a null trainer (`train.local_epochs=0`): everything but the training;
-- the project training (the `quick` preset's client);
-then, on a second deployment of the same nodes started with `resident=false`, the null trainer
-again, each message doing its work in the process Flower starts for it (client_app/resident.py).
-It prints seconds per round of each (the first rounds, cold starts, left out), the project's
-round over the floor, and where the project's round goes: the ClientApp's own work (its set-up:
-configuration, model, received state and data; training; the reply), and the rest, which is the
-ClientApp process Flower starts for every message, its imports, and the messages themselves.
+- the project with the null trainer (feddb/nulltrainer.py, loaded by path: no step and no pass
+  over the data) and the global model evaluated only after the last round: the project's
+  framework alone;
+- the floor and the null trainer again (pairs taken in turn, so that a drift of this machine's
+  speed shows as a difference between the pairs, not between the apps);
+- the project training (the default method's client, the `quick` preset's data).
+It prints seconds per round of each (the first rounds, cold starts, and the project's last round,
+its final evaluation, left out), the null trainer's round over the floor per pair, and where the
+project's round goes: the ClientApp's own work (its set-up: configuration, model, received state
+and data; training; the reply), and the rest, which is the ClientApp process Flower starts for
+every message, its imports, the messages themselves and the server's aggregation and recording.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-NULL = "train.local_epochs=0"  # the null trainer: no step, only the pass that gives APP-U
+from .nulltrainer import SPEC as NULL_TRAINER
+
+NULL = "eval.every=1000000"  # with method=NULL_TRAINER: the model evaluated after the last round
 SKIP = 2  # rounds left out of the means: the SuperNodes' first ClientApp processes, caches
+PAIRS = 2  # floor and null trainer, taken in turn
 
 
 def submit_app(dep, app: Path, run_config: str) -> int:
@@ -53,31 +59,32 @@ def finished(dep, run_id: int, what: str) -> None:
         raise RuntimeError(f"the {what} run ended as {status.get('status')}")
 
 
-def project_rounds(dep, nodes: int, rounds: int, out: Path, extra: str) -> list[dict]:
-    overrides = f"fl.num_clients={nodes} fl.fraction_train=1.0 fl.node_wait=60 {extra}".strip()
+def project_rounds(dep, nodes: int, rounds: int, out: Path, null: bool) -> list[dict]:
+    overrides = f"fl.num_clients={nodes} fl.fraction_train=1.0 fl.node_wait=60"
     rc = {"num-server-rounds": rounds, "output-dir": str(out), "overrides": overrides}
-    finished(dep, dep.submit(rc), f"project ({extra or 'training'})")
+    if null:
+        rc.update(method=NULL_TRAINER, overrides=f"{overrides} {NULL}")
+    finished(dep, dep.submit(rc), "project (null trainer)" if null else "project (training)")
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def where(records: list[dict]) -> dict[str, float]:
-    """Mean seconds of the project's rounds after SKIP: the round, the slowest client's own
-    set-up, training and reply, and the rest (process start, imports, messages)."""
-    rs = records[SKIP:]
-    own = []
-    for r in rs:
-        cs = r.get("clients", [])
-        own.append(
-            max(
-                (
-                    (c.get("setup_seconds") or 0)
-                    + (c.get("train_seconds") or 0)
-                    + (c.get("reply_seconds") or 0)
-                    for c in cs
-                ),
-                default=0.0,
-            )
+    """Mean seconds of the project's rounds after SKIP and before the last (its final
+    evaluation): the round, the slowest client's own set-up, training and reply, and the rest
+    (process start, imports, messages, the server's aggregation and recording)."""
+    rs = records[SKIP:-1]
+    own = [
+        max(
+            (
+                (c.get("setup_seconds") or 0)
+                + (c.get("train_seconds") or 0)
+                + (c.get("reply_seconds") or 0)
+                for c in r.get("clients", [])
+            ),
+            default=0.0,
         )
+        for r in rs
+    ]
     parts = {
         key: float(np.mean([max((c.get(key) or 0) for c in r.get("clients", [{}])) for r in rs]))
         for key in ("setup_seconds", "train_seconds", "reply_seconds")
@@ -86,18 +93,29 @@ def where(records: list[dict]) -> dict[str, float]:
     return {"round": round_s, **parts, "rest": round_s - float(np.mean(own))}
 
 
-def measure(nodes: int, rounds: int, workdir: Path, resident: bool = True, all_apps: bool = True):
-    """One deployment's rounds: Flower's echo floor, the project's null trainer and its training
-    (`all_apps`), or the null trainer alone; `resident=False` starts the nodes with
-    `resident=false` (each message does its work in the process Flower starts for it)."""
-    from .deploy import LocalDeployment, export_data, make_keys
+def floor_rounds(dep, nodes: int, rounds: int, workdir: Path, k: int) -> float:
+    """Mean seconds of the echo pair's rounds after SKIP."""
     from .overhead import FLOOR_APP, FLOOR_PYPROJECT, model_shapes
+
+    app = workdir / "floor"
+    app.mkdir(exist_ok=True)
+    (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
+    (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=nodes, per_round=nodes))
+    out = workdir / f"floor{k}.json"
+    rc = f"rounds={rounds} out='{out}' shapes='{json.dumps(model_shapes())}'"
+    finished(dep, submit_app(dep, app, rc), "floor")
+    return float(np.mean(json.loads(out.read_text())[SKIP:]))
+
+
+def measure(nodes: int, rounds: int, workdir: Path) -> dict:
+    """One deployment: PAIRS of (Flower's echo floor, the null trainer), then the training."""
+    from .deploy import LocalDeployment, export_data, make_keys
 
     rc_data = {"overrides": f"fl.num_clients={nodes} fl.fraction_train=1.0"}
     data_files = export_data(rc_data, workdir / "data")
     dep = LocalDeployment(workdir)
-    dep.node_extra = "" if resident else "resident=false"
-    res: dict = {"nodes": nodes, "rounds": rounds}
+    dep.node_extra = f"allow-methods='{NULL_TRAINER}'"
+    res: dict = {"nodes": nodes, "rounds": rounds, "pairs": []}
     try:
         dep.start_superlink()
         keys = make_keys(dep.workdir / "keys", nodes)
@@ -105,55 +123,45 @@ def measure(nodes: int, rounds: int, workdir: Path, resident: bool = True, all_a
             dep.register(key)
         for i in range(nodes):
             dep.start_supernode(i, nodes, data_files[i], keys[i])
-        if all_apps:
-            app = workdir / "floor"
-            app.mkdir(exist_ok=True)
-            (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
-            (app / "floorapp.py").write_text(FLOOR_APP.format(nodes=nodes, per_round=nodes))
-            out = workdir / "floor.json"
-            rc = f"rounds={rounds} out='{out}' shapes='{json.dumps(model_shapes())}'"
-            finished(dep, submit_app(dep, app, rc), "floor")
-            res["floor"] = float(np.mean(json.loads(out.read_text())[SKIP:]))
-        res["null"] = where(project_rounds(dep, nodes, rounds, workdir / "null", NULL))
-        if all_apps:
-            res["training"] = where(project_rounds(dep, nodes, rounds, workdir / "trained", ""))
+        for k in range(PAIRS):
+            floor = floor_rounds(dep, nodes, rounds, workdir, k)
+            null = where(project_rounds(dep, nodes, rounds, workdir / f"null{k}", True))
+            res["pairs"].append({"floor": floor, "null": null})
+        res["training"] = where(project_rounds(dep, nodes, rounds, workdir / "trained", False))
     finally:
         dep.close()
+    res["floor"] = float(np.mean([p["floor"] for p in res["pairs"]]))
+    res["null"] = {
+        key: float(np.mean([p["null"][key] for p in res["pairs"]]))
+        for key in res["pairs"][0]["null"]
+    }
     return res
 
 
 def report(res: dict) -> str:
     fl, null, tr = res["floor"], res["null"], res["training"]
-    own = res.get("null_own_process")
+    pairs = ", ".join(f"{p['null']['round'] / p['floor']:.2f}x" for p in res["pairs"])
     lines = [
         f"{res['nodes']} authenticated TLS SuperNodes on this machine, every node every round, "
-        f"{res['rounds']} rounds (the first {SKIP} left out):",
+        f"{res['rounds']} rounds (the first {SKIP} and the project's last left out), "
+        f"{len(res['pairs'])} pairs in turn:",
         f"  Flower's floor (echo pair):       {fl:6.2f} s a round",
         f"  the project, null trainer:        {null['round']:6.2f} s a round "
-        f"({null['round'] / fl:.2f}x the floor)",
+        f"({null['round'] / fl:.2f}x the floor; pair by pair {pairs})",
         f"  the project, training:            {tr['round']:6.2f} s a round "
         f"({tr['round'] / fl:.2f}x the floor)",
-    ]
-    if own is not None:
-        lines.append(
-            f"  null trainer, resident=false:     {own['round']:6.2f} s a round "
-            f"({own['round'] / fl:.2f}x the floor; each message's work in its own process)"
-        )
-    lines.append(
         "  the project's round beyond the floor (null trainer): "
         f"{null['round'] - fl:+.2f} s; its slowest ClientApp's set-up {null['setup_seconds']:.2f} s, "
         f"training {null['train_seconds']:.2f} s, reply {null['reply_seconds']:.2f} s; the rest "
-        f"(ClientApp process start, imports, relay, messages) {null['rest']:.2f} s"
-    )
+        f"(ClientApp process start, imports, relay, messages, the server) {null['rest']:.2f} s",
+    ]
     return "\n".join(lines)
 
 
 def main(nodes: int, rounds: int, out: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="feddb-deploy-overhead-") as tmp:
         try:
-            res = measure(nodes, rounds, Path(tmp) / "resident")
-            own = measure(nodes, rounds, Path(tmp) / "own", resident=False, all_apps=False)
-            res["null_own_process"] = own["null"]
+            res = measure(nodes, rounds, Path(tmp))
         except RuntimeError as err:
             print(f"error: {err}")
             return 1

@@ -595,11 +595,11 @@ def stop(pids: list[int], grace: float = 15.0) -> None:
 TOKEN_VAR = "FEDDB_DEPLOYMENT"
 
 
-def marked(token: str) -> list[int]:
-    """Running processes whose environment has TOKEN_VAR=`token`, this one left out."""
+def marked(token: str, var: str = TOKEN_VAR) -> list[int]:
+    """Running processes whose environment has `var`=`token`, this one left out."""
     from fssl.profiling import live_processes
 
-    entry, found = f"{TOKEN_VAR}={token}".encode(), []
+    entry, found = f"{var}={token}".encode(), []
     for pid, _ in live_processes():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -44,6 +44,65 @@ def test_a_deployment_stops_what_a_node_that_exited_early_left_behind(
     dep.close()
 
 
+def test_a_crashed_supernode_takes_what_it_started_with_it(tmp_path, no_process_left_behind):
+    """A machine that crashes takes all its processes: the churn's kill of a SuperNode ends its
+    SuperExec, ClientApp processes and resident worker too, even one in a session of its own
+    (the resident worker's), where a node killed alone left them running for minutes."""
+    from client_app.resident import alive
+    from feddb.deploy import LocalDeployment
+
+    dep = LocalDeployment(tmp_path, insecure=True)
+    spawn = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
+    node = subprocess.Popen(
+        [sys.executable, "-c", spawn],
+        env={**dep.env, "FLWR_HOME": str(tmp_path / "home-supernode_0")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    dep.procs["supernode_0"] = node
+    orphan = int(node.stdout.readline())
+    dep.crash("supernode_0")
+    deadline = time.monotonic() + 10
+    while alive(orphan) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert node.returncode == -signal.SIGKILL and not alive(orphan)
+    dep.close()
+
+
+def test_the_churn_readmits_a_refused_node_but_not_one_it_holds_down(tmp_path):
+    """A restarted node the SuperLink refused is started again RETRY s after it exited; a node
+    the churn killed (again) is not, until its down time is over: one process per node (a
+    readmission during the down time once left two nodes holding one partition)."""
+    from feddb.deploy import Churn
+
+    class Dep:
+        def __init__(self):
+            self.procs, self.started = {}, []
+
+        def start_supernode(self, i, *args, **kwargs):
+            self.started.append(i)
+            self.procs[f"supernode_{i}"] = subprocess.Popen(["true"])
+            self.procs[f"supernode_{i}"].wait()  # refused at once
+
+    dep = Dep()
+    churn = Churn(dep, 2, [None, None], [], 0, tmp_path / "churn.jsonl")
+    churn.RETRY = 0.0
+    churn.t0 = time.monotonic()
+    churn.start_node(0)
+    churn.start_node(1)
+    churn.down.add(1)  # killed again while refused
+    churn.readmit()
+    churn.readmit()
+    assert dep.started == [0, 1, 0, 0]  # 0 again at each look (RETRY 0 here), 1 not while down
+    churn.down.discard(1)
+    churn.readmit()
+    assert dep.started[-2:] == [0, 1]
+
+
 @pytest.mark.slow
 def test_a_terminated_deployment_with_churn_running_stops_everything_it_started(
     tmp_path, no_process_left_behind, small_npz

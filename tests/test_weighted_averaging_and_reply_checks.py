@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from conftest import make_metadata, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
@@ -316,22 +317,44 @@ def test_overhead_floor_only_takes_the_experiments_federation_and_arrays(capsys)
 
 
 def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
-    """`feddb overhead --deployment`: the round's parts from metrics.jsonl records, and each
-    app's round against Flower's echo floor, the nodes without resident workers too."""
+    """`feddb overhead --deployment`: the round's parts from metrics.jsonl records (the first
+    rounds and the last, its final evaluation, left out), and each app's round against Flower's
+    echo floor, pair by pair."""
     from feddb.deployoverhead import SKIP, report, where
 
     client = {"setup_seconds": 0.1, "train_seconds": 0.5, "reply_seconds": 0.1}
-    records = [{"round_seconds": 9.0, "clients": [client]}] * SKIP + [
-        {"round_seconds": 4.0, "clients": [client, {**client, "train_seconds": 1.0}]}
-    ] * 3
+    records = (
+        [{"round_seconds": 9.0, "clients": [client]}] * SKIP
+        + [{"round_seconds": 4.0, "clients": [client, {**client, "train_seconds": 1.0}]}] * 3
+        + [{"round_seconds": 30.0, "clients": [client]}]
+    )
     part = where(records)
     assert part["round"] == 4.0 and part["train_seconds"] == 1.0
     assert part["rest"] == pytest.approx(4.0 - 1.2)
-    res = {"nodes": 3, "rounds": 8, "floor": 2.0, "null": part, "training": {"round": 5.0}}
-    text = report({**res, "null_own_process": {"round": 6.0}})
-    assert "(2.00x the floor)" in text and "(2.50x the floor)" in text
-    assert "resident=false:       6.00 s a round (3.00x the floor" in text
-    assert "resident=false" not in report(res)
+    pairs = [{"floor": 2.0, "null": part}, {"floor": 4.0, "null": {**part, "round": 5.0}}]
+    res = {"nodes": 3, "rounds": 8, "floor": 3.0, "null": {**part, "round": 4.5}, "pairs": pairs}
+    text = report({**res, "training": {"round": 6.0}})
+    assert "(1.50x the floor; pair by pair 2.00x, 1.25x)" in text
+    assert "(2.00x the floor)" in text
+
+
+def test_the_null_trainer_returns_the_model_it_received_without_a_pass():
+    """The deployment benchmark's null trainer: the received model back, a uniform APP-U, and
+    none of the data's images read through the model."""
+    from feddb.nulltrainer import NullTrainer
+    from fssl.train import ClientData
+
+    class Untouchable(torch.nn.Module):
+        def forward(self, x):
+            raise AssertionError("the null trainer ran the model")
+
+    y_l = torch.tensor([0, 1, 1, 2])
+    data = ClientData(torch.zeros(4, 1, 2, 2), y_l, torch.zeros(6, 1, 2, 2), torch.zeros(6))
+    trainer = NullTrainer.__new__(NullTrainer)
+    trainer.num_classes = 3
+    metrics = trainer.fit(Untouchable(), data, 0.1, 0)
+    assert metrics["app_u"] == [1 / 3] * 3 and metrics["labeled_histogram"] == [1, 2, 1]
+    assert metrics["num_unlabeled"] == 6 and trainer.momentum_out == {}
 
 
 def test_a_negative_running_variance_is_refused_as_malformed():
