@@ -9,7 +9,9 @@ deploy local`), run on the same nodes, every node every round, one after another
   framework alone;
 - the floor and the null trainer again (pairs taken in turn, so that a drift of this machine's
   speed shows as a difference between the pairs, not between the apps);
-- the project training (the default method's client, the `quick` preset's data).
+- the project without a step (`train.local_epochs=0`: the APP-U pass over the client's images and
+  the central evaluation every round, the computation a round of the method needs besides
+  training), then training (the default method's client, the default data).
 It prints seconds per round of each (the first rounds, cold starts, and the project's last round,
 its final evaluation, left out), the null trainer's round over the floor per pair, and where the
 project's round goes: the ClientApp's own work (its set-up: configuration, model, received state
@@ -29,6 +31,7 @@ import numpy as np
 from .nulltrainer import SPEC as NULL_TRAINER
 
 NULL = "eval.every=1000000"  # with method=NULL_TRAINER: the model evaluated after the last round
+NO_STEP = "train.local_epochs=0"  # no step, but the APP-U pass and the evaluation every round
 SKIP = 2  # rounds left out of the means: the SuperNodes' first ClientApp processes, caches
 PAIRS = 2  # floor and null trainer, taken in turn
 
@@ -59,12 +62,16 @@ def finished(dep, run_id: int, what: str) -> None:
         raise RuntimeError(f"the {what} run ended as {status.get('status')}")
 
 
-def project_rounds(dep, nodes: int, rounds: int, out: Path, null: bool) -> list[dict]:
+def project_rounds(dep, nodes: int, rounds: int, out: Path, kind: str) -> list[dict]:
+    """The project's rounds: `null` (the null trainer), `no_step` (the default method without a
+    step: its APP-U pass and the central evaluation every round) or `training`."""
     overrides = f"fl.num_clients={nodes} fl.fraction_train=1.0 fl.node_wait=60"
     rc = {"num-server-rounds": rounds, "output-dir": str(out), "overrides": overrides}
-    if null:
+    if kind == "null":
         rc.update(method=NULL_TRAINER, overrides=f"{overrides} {NULL}")
-    finished(dep, dep.submit(rc), "project (null trainer)" if null else "project (training)")
+    elif kind == "no_step":
+        rc.update(overrides=f"{overrides} {NO_STEP}")
+    finished(dep, dep.submit(rc), f"project ({kind})")
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -125,9 +132,10 @@ def measure(nodes: int, rounds: int, workdir: Path) -> dict:
             dep.start_supernode(i, nodes, data_files[i], keys[i])
         for k in range(PAIRS):
             floor = floor_rounds(dep, nodes, rounds, workdir, k)
-            null = where(project_rounds(dep, nodes, rounds, workdir / f"null{k}", True))
+            null = where(project_rounds(dep, nodes, rounds, workdir / f"null{k}", "null"))
             res["pairs"].append({"floor": floor, "null": null})
-        res["training"] = where(project_rounds(dep, nodes, rounds, workdir / "trained", False))
+        res["no_step"] = where(project_rounds(dep, nodes, rounds, workdir / "nostep", "no_step"))
+        res["training"] = where(project_rounds(dep, nodes, rounds, workdir / "trained", "training"))
     finally:
         dep.close()
     res["floor"] = float(np.mean([p["floor"] for p in res["pairs"]]))
@@ -148,6 +156,15 @@ def report(res: dict) -> str:
         f"  Flower's floor (echo pair):       {fl:6.2f} s a round",
         f"  the project, null trainer:        {null['round']:6.2f} s a round "
         f"({null['round'] / fl:.2f}x the floor; pair by pair {pairs})",
+        *(
+            [
+                f"  the project, no step:             {res['no_step']['round']:6.2f} s a round "
+                f"({res['no_step']['round'] / fl:.2f}x the floor; train.local_epochs=0: the APP-U "
+                "pass and the evaluation every round)"
+            ]
+            if "no_step" in res
+            else []
+        ),
         f"  the project, training:            {tr['round']:6.2f} s a round "
         f"({tr['round'] / fl:.2f}x the floor)",
         "  the project's round beyond the floor (null trainer): "

@@ -333,9 +333,9 @@ def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
     assert part["rest"] == pytest.approx(4.0 - 1.2)
     pairs = [{"floor": 2.0, "null": part}, {"floor": 4.0, "null": {**part, "round": 5.0}}]
     res = {"nodes": 3, "rounds": 8, "floor": 3.0, "null": {**part, "round": 4.5}, "pairs": pairs}
-    text = report({**res, "training": {"round": 6.0}})
+    text = report({**res, "training": {"round": 6.0}, "no_step": {"round": 5.0}})
     assert "(1.50x the floor; pair by pair 2.00x, 1.25x)" in text
-    assert "(2.00x the floor)" in text
+    assert "(1.67x the floor; train.local_epochs=0" in text and "(2.00x the floor)" in text
 
 
 def test_the_null_trainer_returns_the_model_it_received_without_a_pass():
