@@ -8,8 +8,8 @@
         # filter, loss check, DMA cap: on by default on SuperNodes only)
     .venv/bin/feddb overhead --aggregation --experiment paper/cifar10_dir0.3   # no Flower: the
         # server's critical-path aggregation of 10 synthetic updates of that model (DMA, defences)
-    .venv/bin/feddb overhead --deployment --nodes 3 --rounds 8   # SuperNodes with TLS: Flower's
-        # echo floor, the project's null trainer and its training, one after another
+    .venv/bin/feddb overhead --deployment --nodes 3 --rounds 9   # SuperNodes with TLS: Flower's
+        # echo floor and the project's null trainer in turn, then no step and training
 
 Two real `flwr run` simulations on the same federation (20 SuperNodes, 10 sampled a round, one CPU
 each, the CNN's arrays), each joining a Ray head of its own as `feddb run` does:
@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         "--deployment",
         action="store_true",
         help="instead: a TLS deployment of --nodes SuperNodes on this machine running Flower's "
-        "echo floor, the project with a null trainer and the project training, side by side "
-        "(feddb/deployoverhead.py; --rounds 8 is enough)",
+        "echo floor and the project with a null trainer in turn, then the project without a "
+        "step and training (feddb/deployoverhead.py; --rounds 9 is enough)",
     )
     ap.add_argument("--nodes", type=int, default=3, help="--deployment: SuperNodes")
     ap.add_argument(
