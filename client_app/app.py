@@ -34,7 +34,28 @@ def handle(kind: str, msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return handle("train", msg, context)
+    t0 = time.time()
+    reply = handle("train", msg, context)
+    if context.node_config.get("data-path"):  # a deployment: a process for every message
+        with_process_times(reply, t0)
+    return reply
+
+
+def with_process_times(reply: Message, t0: float) -> None:
+    """The message's own costs beside the work's (its set-up, training and reply), into the
+    reply's metrics: `process_seconds`, from this process's start to the ClientApp imported (what
+    Flower's fresh process for every message costs here), and `relay_seconds`, the handling
+    beyond the work's own: the hand-over to the resident worker and back (with
+    `resident=false`, importing the work's modules)."""
+    if reply.has_error() or "metrics" not in reply.content.metric_records:
+        return
+    metrics = reply.content.metric_records["metrics"]
+    started = process_start()
+    own = sum(
+        float(metrics.get(key, 0.0)) for key in ("setup_seconds", "train_seconds", "reply_seconds")
+    )
+    metrics["process_seconds"] = max(0.0, IMPORTED_AT - started) if started else 0.0
+    metrics["relay_seconds"] = max(0.0, time.time() - t0 - own)
 
 
 @app.evaluate()

@@ -14,9 +14,10 @@ deploy local`), run on the same nodes, every node every round, one after another
   training), then training (the default method's client, the default data).
 It prints seconds per round of each (the first rounds, cold starts, and the project's last round,
 its final evaluation, left out), the null trainer's round over the floor per pair, and where the
-project's round goes: the ClientApp's own work (its set-up: configuration, model, received state
-and data; training; the reply), and the rest, which is the ClientApp process Flower starts for
-every message, its imports, the messages themselves and the server's aggregation and recording.
+project's round goes: the process Flower starts for every message (its start and imports, as the
+ClientApp reports them), the relay to the node's resident worker, the work's own set-up
+(configuration, model, received state and data), training and reply, and the rest: Flower's
+message path, TLS, and the server's checks, aggregation and recording.
 """
 
 from __future__ import annotations
@@ -75,26 +76,25 @@ def project_rounds(dep, nodes: int, rounds: int, out: Path, kind: str) -> list[d
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+PARTS = ("process_seconds", "relay_seconds", "setup_seconds", "train_seconds", "reply_seconds")
+
+
 def where(records: list[dict]) -> dict[str, float]:
     """Mean seconds of the project's rounds after SKIP and before the last (its final
-    evaluation): the round, the slowest client's own set-up, training and reply, and the rest
-    (process start, imports, messages, the server's aggregation and recording)."""
+    evaluation): the round; the slowest client's message process (its start and imports), relay
+    to its resident worker, set-up, training and reply (each the round's largest); and the rest
+    (Flower's message path, TLS, the server's checks, aggregation and recording)."""
     rs = records[SKIP:-1]
     own = [
         max(
-            (
-                (c.get("setup_seconds") or 0)
-                + (c.get("train_seconds") or 0)
-                + (c.get("reply_seconds") or 0)
-                for c in r.get("clients", [])
-            ),
+            (sum((c.get(key) or 0) for key in PARTS) for c in r.get("clients", [])),
             default=0.0,
         )
         for r in rs
     ]
     parts = {
         key: float(np.mean([max((c.get(key) or 0) for c in r.get("clients", [{}])) for r in rs]))
-        for key in ("setup_seconds", "train_seconds", "reply_seconds")
+        for key in PARTS
     }
     round_s = float(np.mean([r["round_seconds"] for r in rs]))
     return {"round": round_s, **parts, "rest": round_s - float(np.mean(own))}
@@ -168,9 +168,11 @@ def report(res: dict) -> str:
         f"  the project, training:            {tr['round']:6.2f} s a round "
         f"({tr['round'] / fl:.2f}x the floor)",
         "  the project's round beyond the floor (null trainer): "
-        f"{null['round'] - fl:+.2f} s; its slowest ClientApp's set-up {null['setup_seconds']:.2f} s, "
-        f"training {null['train_seconds']:.2f} s, reply {null['reply_seconds']:.2f} s; the rest "
-        f"(ClientApp process start, imports, relay, messages, the server) {null['rest']:.2f} s",
+        f"{null['round'] - fl:+.2f} s. Its slowest client's message process (start and imports) "
+        f"{null.get('process_seconds', 0):.2f} s, relay to the resident worker "
+        f"{null.get('relay_seconds', 0):.2f} s, set-up {null['setup_seconds']:.2f} s, training "
+        f"{null['train_seconds']:.2f} s, reply {null['reply_seconds']:.2f} s; the rest (Flower's "
+        f"message path, TLS, the server's checks, aggregation, recording) {null['rest']:.2f} s",
     ]
     return "\n".join(lines)
 

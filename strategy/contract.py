@@ -181,4 +181,7 @@ def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
         "train_seconds": _num(metrics, "train_seconds"),
         "setup_seconds": _num(metrics, "setup_seconds"),
         "reply_seconds": _num(metrics, "reply_seconds"),
+        # a deployed node's message process: its start and imports, the relay to its worker
+        "process_seconds": _num(metrics, "process_seconds"),
+        "relay_seconds": _num(metrics, "relay_seconds"),
     }

@@ -14,7 +14,13 @@ def metrics_without_timing(run_dir) -> list[dict]:
         r.pop("round_seconds")
         r.pop("timing", None)
         for c in r["clients"]:
-            for key in ("train_seconds", "setup_seconds", "reply_seconds"):
+            for key in (
+                "train_seconds",
+                "setup_seconds",
+                "reply_seconds",
+                "process_seconds",
+                "relay_seconds",
+            ):
                 c.pop(key, None)
         out.append(r)
     return out

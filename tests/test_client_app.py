@@ -142,6 +142,7 @@ def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path
     a, b = (r.content["arrays"].to_torch_state_dict() for r in (sim, dep))
     assert all(torch.equal(a[k], b[k]) for k in a)
     timing = {"train_seconds": 0, "setup_seconds": 0, "reply_seconds": 0}
+    timing |= {"process_seconds": 0, "relay_seconds": 0}  # a deployed message's own costs
     assert dict(sim.content["metrics"]) | timing == dict(dep.content["metrics"]) | timing
     # without hidden labels: training works, pseudo-label accuracy is simply not reported
     with np.load(files[1]) as z:
@@ -186,3 +187,27 @@ def test_optimizer_state_client_keeps_momentum_in_context_state():
     same = lambda a, b: all(torch.equal(state(a)[k], state(b)[k]) for k in state(a))  # noqa: E731
     assert same(f1, f2) and same(f1, c1)  # identical inputs, no carried state
     assert not same(c1, c2)  # the carried momentum changed round 2
+
+
+def test_a_deployed_message_reports_its_process_and_relay_seconds(monkeypatch):
+    """A deployed node's reply carries what its message process cost beside the work: from the
+    process's start to the ClientApp imported, and the handling beyond the work's own set-up,
+    training and reply (the relay to the resident worker)."""
+    import time
+
+    from conftest import patch_task_identity
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from client_app.app import with_process_times
+
+    patch_task_identity(monkeypatch)
+    work = {"setup_seconds": 0.2, "train_seconds": 0.3, "reply_seconds": 0.1}
+    reply = Message(
+        RecordDict({"metrics": MetricRecord(dict(work))}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
+    with_process_times(reply, time.time() - 1.0)
+    metrics = reply.content["metrics"]
+    assert 0.39 < metrics["relay_seconds"] < 1.0
+    assert 0.0 <= metrics["process_seconds"] < time.time()
