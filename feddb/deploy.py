@@ -511,31 +511,25 @@ def run_local(
         dep.close()
 
 
-def span(text: str, flag: str) -> tuple[float, float]:
-    """`A,B` seconds, 0 <= A <= B; ValueError naming the flag otherwise."""
+def span(text: str, flag: str, low: float = 0, high: float | None = None, unit=float):
+    """`A,B` (seconds, or with `unit=int` whole numbers of nodes), low <= A <= B (<= high);
+    ValueError naming the flag otherwise."""
+    what = "numbers of seconds" if unit is float else "whole numbers of nodes"
     try:
-        a, b = (float(x) for x in text.split(","))
+        a, b = (unit(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"{flag} takes two numbers of seconds, A,B (got {text!r})") from None
-    if not 0 <= a <= b:
-        raise ValueError(f"{flag} {text}: needs 0 <= A <= B")
+        raise ValueError(f"{flag} takes two {what}, A,B (got {text!r})") from None
+    if not low <= a <= b or (high is not None and b > high):
+        bound = "" if high is None else f" <= {high}"
+        raise ValueError(f"{flag} {text}: needs {low} <= A <= B{bound}")
     return a, b
 
 
 def burst(text: str | None, nodes: int) -> tuple[int, int]:
-    """`A,B` nodes, 1 <= A <= B <= nodes; ValueError naming --churn-burst otherwise. None: one
-    to three nodes, at most all of them."""
+    """--churn-burst: `A,B` nodes, 1 <= A <= B <= nodes; None: one to three, at most all."""
     if text is None:
         return 1, max(1, min(3, nodes))
-    try:
-        a, b = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(
-            f"--churn-burst takes two whole numbers of nodes, A,B (got {text!r})"
-        ) from None
-    if not 1 <= a <= b <= nodes:
-        raise ValueError(f"--churn-burst {text}: needs 1 <= A <= B <= --nodes ({nodes})")
-    return a, b
+    return span(text, "--churn-burst", low=1, high=nodes, unit=int)
 
 
 class Churn:
@@ -621,7 +615,7 @@ class Churn:
         return False
 
     def readmit(self) -> None:
-        """A restarted authenticated node is refused ("Failed to activate SuperNode", exit 305)
+        """A restarted authenticated node is refused ("Failed to activate SuperNode"; it exits)
         until the SuperLink has expired its old session (2 x 30 s of missed heartbeats): start
         it again `RETRY` s after it exits, as a service manager would, until it is let in (a
         node started every 2 s for that minute took most of a 2-core machine)."""

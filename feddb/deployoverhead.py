@@ -115,7 +115,8 @@ def floor_rounds(dep, nodes: int, rounds: int, workdir: Path, k: int) -> float:
 
 
 def measure(nodes: int, rounds: int, workdir: Path) -> dict:
-    """One deployment: PAIRS of (Flower's echo floor, the null trainer), then the training."""
+    """One deployment: PAIRS of (Flower's echo floor, the null trainer), then the project
+    without a step and training."""
     from .deploy import LocalDeployment, export_data, make_keys
 
     rc_data = {"overrides": f"fl.num_clients={nodes} fl.fraction_train=1.0"}
@@ -156,15 +157,9 @@ def report(res: dict) -> str:
         f"  Flower's floor (echo pair):       {fl:6.2f} s a round",
         f"  the project, null trainer:        {null['round']:6.2f} s a round "
         f"({null['round'] / fl:.2f}x the floor; pair by pair {pairs})",
-        *(
-            [
-                f"  the project, no step:             {res['no_step']['round']:6.2f} s a round "
-                f"({res['no_step']['round'] / fl:.2f}x the floor; train.local_epochs=0: the APP-U "
-                "pass and the evaluation every round)"
-            ]
-            if "no_step" in res
-            else []
-        ),
+        f"  the project, no step:             {res['no_step']['round']:6.2f} s a round "
+        f"({res['no_step']['round'] / fl:.2f}x the floor; train.local_epochs=0: the APP-U "
+        "pass and the evaluation every round)",
         f"  the project, training:            {tr['round']:6.2f} s a round "
         f"({tr['round'] / fl:.2f}x the floor)",
         "  the project's round beyond the floor (null trainer): "
