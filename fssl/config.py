@@ -449,6 +449,7 @@ def validate(cfg: dict[str, Any]) -> None:
     choice(cfg, "train.channels_last", ("auto", True, False))
     choice(cfg, "train.optimizer_state", ("fresh", "client"))
     choice(cfg, "train.unlabeled_loss_norm", ("all", "confident"))
+    choice(cfg, "train.forward", ("joint", "separate"), default="joint")
     boolean(cfg, "train.compile", "train.nesterov")
     number(cfg, "train.tau", low=0, high=1, open_low=True)
     number(

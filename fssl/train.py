@@ -395,8 +395,8 @@ class LocalTrainer:
         zero = torch.zeros((), device=self.device)
         if not n_l and not n_extra:  # nothing to learn from in this step
             return zero, zero
-        x = extra if not n_l else torch.cat([x_l, extra]) if n_extra else x_l
-        logits = self.forward(model, x)
+        parts = ([x_l] if n_l else []) + (list(as_parts(extra)) if n_extra else [])
+        logits = self.forward_parts(model, parts)
         loss_s = F.cross_entropy(logits[:n_l], data.y_l[lab_idx]) if n_l else zero
         loss_u = loss_u_fn(logits[n_l:]) if loss_u_fn is not None else None
         loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
@@ -409,6 +409,16 @@ class LocalTrainer:
         opt.step()
         return loss_s.detach(), (loss_u if loss_u is not None else zero).detach()
 
+    def forward_parts(self, model: nn.Module, parts: list[torch.Tensor]) -> torch.Tensor:
+        """Logits of a step's inputs, in order. `train.forward: joint` makes one pass over them
+        all; `separate` one pass per part (labeled views, then each view of the unlabeled batch),
+        as the authors' code does: under batch-statistics normalisation each part is then
+        normalised by its own statistics, not by the mix's. With a model whose outputs do not
+        depend on the batch both give the same logits to float rounding."""
+        if self.tr.get("forward", "joint") == "joint" or len(parts) == 1:
+            return self.forward(model, torch.cat(parts) if len(parts) > 1 else parts[0])
+        return torch.cat([self.forward(model, x) for x in parts])
+
     def proximal(self, model: nn.Module) -> torch.Tensor:
         """FedProx's (mu/2) sum |w - w_received|^2 over the trained parameters."""
         diffs = torch._foreach_sub(list(model.parameters()), self.anchor)
@@ -417,8 +427,16 @@ class LocalTrainer:
     def unlabeled_batch(
         self, model: nn.Module, data: ClientData, unl_idx: torch.Tensor | None, prior: torch.Tensor
     ):
-        """Extra inputs for the shared forward pass and a function of their logits (the loss)."""
+        """The step's unlabeled inputs, their number of rows and a function of their logits (the
+        loss): (None, 0, None) when there are none. The inputs are one tensor, or a tuple of the
+        views they hold (e.g. weak and strong): `train.forward=separate` passes each on its own;
+        the loss function gets their logits concatenated in order either way."""
         return None, 0, None
+
+
+def as_parts(extra: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The views of `unlabeled_batch`'s inputs: a tuple as it is, one tensor as one view."""
+    return extra if isinstance(extra, tuple) else (extra,)
 
 
 @torch.no_grad()

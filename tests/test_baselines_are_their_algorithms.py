@@ -277,7 +277,8 @@ def test_semifl_mixup_targets_mix_the_two_labels_with_the_sampled_lambda(monkeyp
     data = ClientData(x_u[:2].clone(), torch.tensor([0, 1]), x_u.clone(), torch.arange(n_u) % 10)
     t.pl_labels = torch.arange(n_u) % 7
     t.fix_idx = torch.tensor([2, 5, 11])
-    x, n_extra, loss_fn = t.unlabeled_batch(None, data, None, None)
+    (x_fix, x_mix), n_extra, loss_fn = t.unlabeled_batch(None, data, None, None)
+    x = torch.cat([x_fix, x_mix])  # strong views, then mixed weak views: one loss over both
     lam = t.last_lambda
     assert lam == np.random.default_rng(3).beta(0.75, 0.75)
     assert n_extra == 6 and torch.allclose(x[:3], t.norm(x_u[[2, 5, 11]]))

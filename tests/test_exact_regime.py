@@ -62,3 +62,49 @@ def test_the_exact_regime_runs_no_warm_up_and_the_same_budget_for_every_row():
         assert "num_rounds" not in rows()[row] and "warmup" not in rows()[row]
     cfg = compose(["experiment=miniature_authors_exact", "method=fedavg"])
     assert cfg["train"]["warmup_rounds"] == 0 and cfg["num_rounds"] == 200
+
+
+def exact_trainer(*extra):
+    import torch
+
+    from fssl.methods import make_model, make_trainer
+    from fssl.runtime import data_meta, dataset_for
+
+    cfg = compose(["experiment=miniature_authors_exact", "method=fixmatch", *extra])
+    cfg["data_meta"] = meta = data_meta(dataset_for(cfg))
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
+    torch.manual_seed(0)
+    return trainer, make_model(cfg, meta["num_classes"], meta["channels"]), cfg
+
+
+def test_the_exact_preset_makes_the_authors_passes():
+    """Separate passes (each view its own batch statistics) and pseudo-label/APP-U batches of 250
+    in the pool's order: what the preset resolves to, and what those values do."""
+    import torch
+
+    cfg = compose(["experiment=miniature_authors_exact"])
+    assert cfg["train"]["forward"] == "separate" and cfg["train"]["infer_batch_size"] == 250
+    assert cfg["model"]["norm"] == "batchstat"
+    trainer, model, _ = exact_trainer()
+    g = torch.Generator().manual_seed(1)
+    views = [torch.randn(n, 1, 28, 28, generator=g) + shift for n, shift in ((7, 0.0), (30, 2.0))]
+    separate = trainer.forward_parts(model, views)
+    one_by_one = torch.cat([trainer.forward(model, v) for v in views])
+    assert torch.equal(separate, one_by_one)
+    trainer.tr["forward"] = "joint"
+    assert not torch.allclose(trainer.forward_parts(model, views), separate, atol=1e-3)
+    # the no-grad pass: chunks of 250 in order, each normalised by its own statistics
+    x = torch.randint(0, 256, (600, 1, 28, 28), generator=g, dtype=torch.uint8)
+    chunks = torch.cat([trainer.predict(model, x[i : i + 250]) for i in (0, 250, 500)])
+    assert torch.equal(trainer.predict(model, x), chunks)
+    assert not torch.allclose(trainer.predict(model, x.flip(0)).flip(0), chunks)  # order matters
+
+
+def test_separate_and_joint_passes_agree_where_the_batch_does_not_matter():
+    import torch
+
+    trainer, model, _ = exact_trainer("model.norm=gn")
+    views = [torch.randn(n, 1, 28, 28) for n in (5, 9)]
+    joint = trainer.forward_parts(model, views)
+    trainer.tr["forward"] = "joint"
+    assert torch.allclose(trainer.forward_parts(model, views), joint, atol=1e-5)

@@ -84,4 +84,4 @@ class FixMatch(LocalTrainer):
             denom = len(u) if norm_all else mask.sum().clamp_min(1.0)
             return self.unlabeled_loss(ls, labels, mask, denom)
 
-        return torch.cat([x_w, x_s]), 2 * len(u), loss_fn
+        return (x_w, x_s), 2 * len(u), loss_fn

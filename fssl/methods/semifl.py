@@ -77,4 +77,4 @@ class SemiFL(LocalTrainer):
             fix_loss = torch.nn.functional.cross_entropy(logits[:n], y_fix)
             return fix_loss + mix_ce(logits[n:], y_fix, y_partner, lam)
 
-        return torch.cat([x_fix, x_mix]), 2 * n, loss_fn
+        return (x_fix, x_mix), 2 * n, loss_fn
