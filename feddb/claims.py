@@ -26,17 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from feddb.report import (
-    colours,
-    curve_figure,
-    embed,
-    holm,
-    interval95,
-    load_runs,
-    p_text,
-    paired_test,
-)
+from feddb import factors
+from feddb.factors import device_kind
+from feddb.report import colours, curve_figure, embed, load_runs
 from feddb.reproduce import write_runs
+from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
+from server_app.config import compose
 from server_app.recorder import run_summary
 
 # (label, what the number is, larger is better)
@@ -195,10 +190,6 @@ def native_weighting(runs: list[dict[str, Any]]) -> str:
 WARMUP_KEYS = ("test_accuracy", "val_accuracy", "class_accuracy", "top_class_share")
 
 
-def device_kind(run: dict[str, Any]) -> str:
-    return str(run.get("provenance", {}).get("device", "cpu")).split(":")[0]
-
-
 def warmup_matched(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
     """Whether two runs of one seed are a matched pair: they ran on the same kind of device (on
     CUDA `train.precision=auto` is bf16, so a CPU arm and a GPU arm would differ in arithmetic
@@ -262,12 +253,32 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         if key == METRICS[0][0]:
                             test = paired_test(d)
                             row["p"], row["signs"] = test["p"], test["signs"]
+                            row["p_sign"] = test["p_sign"]
+                    row.update(collapse_test(ra, rb, seeds))
                     out.append(row)
                     if row["primary"] and row["matched"]:
                         family.append(row)
-        for row, adjusted in zip(family, holm([r["p"] for r in family])):
+        for row, adjusted in zip(family, holm([deciding_p(r) for r in family])):
             row["p_holm"] = adjusted
     return out
+
+
+def collapse_test(ra: dict[int, dict], rb: dict[int, dict], seeds: list[int]) -> dict[str, Any]:
+    """The two arms' collapsed runs on the seeds they share, and Fisher's exact test of them."""
+    ca = sum(bool(ra[s]["collapsed"]) for s in seeds)
+    cb = sum(bool(rb[s]["collapsed"]) for s in seeds)
+    n = len(seeds)
+    return {
+        "collapsed": (ca, cb),
+        "p_fisher": fisher(ca, n, cb, n),
+        "on_counts": split(ca, n, cb, n),
+    }
+
+
+def deciding_p(row: dict[str, Any]) -> float:
+    """The p-value a comparison is decided by: Fisher's on the collapse counts where the arms'
+    outcomes split into collapsed and not (a bimodal difference), else the paired t-test's."""
+    return row["p_fisher"] if row["on_counts"] else row["p"]
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -279,7 +290,22 @@ def verdict(row: dict[str, Any]) -> str:
         return "one seed"
     if not row["p_holm"] < ALPHA:
         return "not shown"
+    if row["on_counts"]:  # fewer collapses in a supports the claim
+        ca, cb = row["collapsed"]
+        return "holds" if ca < cb else "fails"
     return "holds" if row[METRICS[0][0]][0] > 0 else "fails"
+
+
+def verdict_text(row: dict[str, Any]) -> str:
+    """A verdict with the figures it rests on: the collapse counts and Fisher's p where they
+    decide, else the interval and the sign test's p; then Holm's p."""
+    if row["on_counts"]:
+        ca, cb = row["collapsed"]
+        n = len(row["seeds"])
+        basis = f"collapsed {ca} of {n} vs {cb} of {n}, Fisher p {p_text(row['p_fisher'])}"
+    else:
+        basis = f"{interval_text(row['final'])}, sign test p {p_text(row['p_sign'])}"
+    return f"{verdict(row)} ({basis}, p_Holm {p_text(row['p_holm'])})"
 
 
 def interval_text(v: tuple[float, float, float] | None) -> str:
@@ -349,8 +375,10 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
         "",
         "Primary endpoint: final test accuracy. Each claim is decided in each cell by one "
         "comparison (the first of its rows below: FixMatch under the regime's own weighting), "
-        "a paired t-test over seeds, Holm-corrected over the regime's primary comparisons "
-        f"(family-wise α = {ALPHA}); the other rows and metrics are secondary.",
+        "a paired t-test over seeds (the exact sign test beside it), or, where the two arms' "
+        "runs split into collapsed and not, Fisher's exact test on the collapse counts; "
+        f"Holm-corrected over the regime's primary comparisons (family-wise α = {ALPHA}); the "
+        "other rows and metrics are secondary.",
         "",
         "| claim | " + " | ".join(f"{g}, {s}" for g, s in decided) + " |",
         "|---" * (len(decided) + 1) + "|",
@@ -363,12 +391,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
                 for r in rows
                 if (r["regime"], r["setting"]) == cell and r["claim"] == claim and r["primary"]
             ]
-            vals.append(
-                "–"
-                if not mine
-                else f"{verdict(mine[0])} ({interval_text(mine[0]['final'])}, "
-                f"p_Holm {p_text(mine[0]['p_holm'])})"
-            )
+            vals.append("–" if not mine else verdict_text(mine[0]))
         out.append(f"| {claim} | " + " | ".join(vals) + " |")
     out += [
         "",
@@ -400,13 +423,15 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
             "",
             "Paired per-seed differences, points (95 % interval; one-class share: "
             "reduction, so > 0 supports the claim). p: paired t-test on the final accuracy; "
-            "p_Holm: corrected, primary comparisons only; signs: seeds above / below 0. Both "
-            "arms of each comparison share their warm-up (the same global model, round by round):",
+            "p_Holm: corrected, primary comparisons only (of Fisher's p where the collapse "
+            "counts decide); signs: seeds above / below 0, with the exact sign test's p; "
+            "collapsed: runs of each arm (Fisher's exact p). Both arms of each comparison share "
+            "their warm-up (the same global model, round by round) and kind of device:",
             "",
             "| claim | comparison | seeds | "
             + " | ".join(t for _, t, _ in METRICS)
-            + " | p | p_Holm | signs |",
-            "|---" * (len(METRICS) + 6) + "|",
+            + " | p | p_Holm | signs (sign test p) | collapsed (Fisher p) |",
+            "|---" * (len(METRICS) + 7) + "|",
         ]
         mine = [r for r in rows if (r["regime"], r["setting"]) == (regime, sett)]
         for r in mine:
@@ -416,7 +441,8 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
                     f"{r['a']} − {r['b']} | {len(r['seeds'])} | "
                     + " | ".join(interval_text(r[k]) for k, _, _ in METRICS)
                     + f" | {p_text(r['p'])} | {p_text(r['p_holm'])} | "
-                    f"{r['signs'][0]}+ {r['signs'][1]}− |"
+                    f"{r['signs'][0]}+ {r['signs'][1]}− ({p_text(r['p_sign'])}) | "
+                    f"{r['collapsed'][0]}; {r['collapsed'][1]} ({p_text(r['p_fisher'])}) |"
                 )
         unmatched = [f"{r['a']} − {r['b']}" for r in mine if not r["matched"]]
         if unmatched:
@@ -437,6 +463,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
             ["regime", "setting", "claim", "a", "b", "seeds", "primary", "matched"]
             + [f"{k}_{part}" for k, _, _ in METRICS for part in ("mean", "low", "high")]
             + ["p", "p_holm", "seeds_above", "seeds_below", "verdict"]
+            + ["p_sign", "collapsed_a", "collapsed_b", "p_fisher", "decided_on_counts"]
         )
         for r in rows:
             vals = []
@@ -459,6 +486,8 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                 + vals
                 + ["" if math.isnan(x) else f"{x:.6g}" for x in (r["p"], r["p_holm"])]
                 + [*r["signs"], verdict(r) if r["primary"] else ""]
+                + [f"{r['p_sign']:.6g}", *r["collapsed"], f"{r['p_fisher']:.6g}"]
+                + [int(r["on_counts"])]
             )
 
 
@@ -630,8 +659,10 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         print(f"error: not a directory: {root}", file=sys.stderr)
         return 2
-    runs = load(root)
-    if not runs:
+    everything = load(root)
+    runs = [r for r in everything if r["regime"] != factors.CAUSE]
+    cause = [r for r in everything if r["regime"] == factors.CAUSE]
+    if not everything:
         print(
             f"error: no complete runs below {root}/<regime>/ (run `feddb sweep -m "
             "sweep=claims_cpu` first)",
@@ -641,13 +672,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = comparisons(runs)
-    figs = figures(runs, out)
-    text = markdown(runs, rows, figs)
+    figs = figures(runs, out) if runs else []
+    text = markdown(runs, rows, figs) if runs else "# The paper's claims, tested\n"
+    if cause:
+        exact = compose([f"experiment={factors.PRESET}"])
+        table = factors.markdown(cause, exact)
+        text += "\n\n" + "\n".join(table[:2] + [provenance_line(cause), ""] + table[2:])
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")
-    write_runs(runs, out / "runs.csv")
+    write_runs(everything, out / "runs.csv")
     if args.archive:
-        archive(runs, root, Path(args.archive))
+        archive(everything, root, Path(args.archive))
     print(text)
     print(
         f"[claims] {len(runs)} runs; wrote {out / 'claims.md'}, claims.csv and {len(figs)} figures"

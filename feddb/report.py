@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
@@ -178,7 +179,8 @@ def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
     m = cfg["method"]
     if (
-        m.get("trainer") != "fixmatch"
+        cfg.get("dpl_prior", "local") != "local"  # the paper's DPL divides by the local prior
+        or m.get("trainer") != "fixmatch"
         or m.get("strategy", "fedavg") != "fedavg"
         or m.get("pseudo_labels", "round") != "round"
     ):
@@ -252,51 +254,6 @@ def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
     )
 
 
-def interval95(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95 % Student-t interval of paired differences (NaN bounds for n < 2)."""
-    from scipy import stats
-
-    a = np.asarray(diffs, dtype=float)
-    m = float(a.mean())
-    if len(a) < 2:
-        return m, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
-    return m, m - half, m + half
-
-
-def paired_test(d: list[float]) -> dict[str, Any]:
-    """Mean, 95 % Student-t interval, two-sided paired t-test p-value and the seeds' signs."""
-    from scipy import stats
-
-    m, lo, hi = interval95(d)
-    a = np.asarray(d, dtype=float)
-    if len(a) < 2:
-        p = math.nan
-    elif a.std(ddof=1) == 0:
-        p = 1.0 if m == 0 else 0.0
-    else:
-        p = float(stats.ttest_1samp(a, 0.0).pvalue)
-    return {
-        "interval": (m, lo, hi),
-        "p": p,
-        "signs": (int((a > 0).sum()), int((a < 0).sum())),
-    }
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family."""
-    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
-    out, running = [math.nan] * len(pvalues), 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (len(idx) - rank) * pvalues[i]))
-        out[i] = running
-    return out
-
-
-def p_text(p: float) -> str:
-    return "–" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
-
-
 # paired comparisons: (variant, reference); X-FedDPL − X for every X is added
 PAIRS = [
     ("FixMatch", "FedAvg"),
@@ -343,6 +300,7 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
                 continue
             diffs = [100 * (x - y) for x, y in vals]
             m, lo, hi = interval95(diffs)
+            both = [s for s in seeds if ra[s][key] is not None and rb[s][key] is not None]
             out.append(
                 {
                     "setting": sett,
@@ -353,6 +311,10 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
                     "mean": m,
                     "low": lo,
                     "high": hi,
+                    "collapsed": (
+                        sum(bool(ra[s]["collapsed"]) for s in both),
+                        sum(bool(rb[s]["collapsed"]) for s in both),
+                    ),
                 }
             )
     return out
@@ -361,14 +323,24 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
 def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
     """The table's comparisons are one family: each row's paired t p-value and Holm's adjustment
     over the rows, beside the raw interval (an interval clear of 0 need not survive the
-    correction)."""
-    raw = [paired_test(p["diffs"])["p"] for p in rows]
+    correction) and the exact sign test. Where the two arms' runs split into collapsed and not,
+    the difference is bimodal: the collapse counts are compared instead (Fisher's exact test),
+    and that p-value is the one Holm's family takes."""
+    tests = [paired_test(p["diffs"]) for p in rows]
+    counts = [(*p.get("collapsed", (0, 0)), p["seeds"]) for p in rows]
+    on_counts = [split(ca, n, cb, n) for ca, cb, n in counts]
+    raw = [
+        fisher(ca, n, cb, n) if by_count else t["p"]
+        for (ca, cb, n), by_count, t in zip(counts, on_counts, tests)
+    ]
     out = [
         f"| setting | comparison | seeds | per-seed differences | mean | 95 % interval | p | "
-        f"p, Holm over the table | {what} |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"p, Holm over the table | sign test p | collapsed runs (Fisher p) | {what} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for p, p_raw, p_holm in zip(rows, raw, holm(raw)):
+    for p, t, p_raw, p_holm, (ca, cb, n), by_count in zip(
+        rows, tests, raw, holm(raw), counts, on_counts
+    ):
         ci = "–" if math.isnan(p["low"]) else f"[{p['low']:+.2f}, {p['high']:+.2f}]"
         verdict = (
             "–"
@@ -379,10 +351,12 @@ def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
             if p["high"] < 0
             else "includes 0"
         )
+        collapse = f"{ca} of {n}; {cb} of {n}" + (f" ({p_text(p_raw)})" if by_count else "")
         out.append(
             f"| {p['setting']} | {p['a']} − {p['b']} | {p['seeds']} | "
             + " ".join(f"{d:+.2f}" for d in p["diffs"])
-            + f" | {p['mean']:+.2f} | {ci} | {p_text(p_raw)} | {p_text(p_holm)} | {verdict} |"
+            + f" | {p['mean']:+.2f} | {ci} | {p_text(t['p'])} | {p_text(p_holm)} | "
+            f"{p_text(t['p_sign'])} | {collapse} | {verdict} |"
         )
     return out
 

@@ -34,13 +34,18 @@ def fake_run(
     warm_acc=None,
     device="cpu",
     regime="cpu",
+    collapsed=False,
+    hardware="CPU, 2 cores",
+    experiment="miniature",
+    extra=(),
 ):
     """A run's records: its warm-up rounds at a seed's common accuracy (`warm_acc` gives it
     another warm-up), the rest at `final`."""
     cfg = compose(
         [
-            *ROWS[row],
-            "experiment=miniature",
+            *ROWS.get(row, ["method=fixmatch"]),
+            f"experiment={experiment}",
+            *extra,
             f"seed={seed}",
             f"num_rounds={rounds}",
             f"train.warmup_rounds={warmup}",
@@ -56,7 +61,7 @@ def fake_run(
                 "commit": "abcdef0123",
                 "dirty": False,
                 "date": "2026-11-25T10:00:00+00:00",
-                "hardware": "CPU, 2 cores",
+                "hardware": hardware,
                 "device": device,
             }
         )
@@ -72,7 +77,7 @@ def fake_run(
                 "val_accuracy": acc,
                 "class_accuracy": cls,
                 "top_class_share": top if r > warmup else 0.13,
-                "collapsed": False,
+                "collapsed": collapsed and r == rounds,
                 "clients": [{"app_u": [0.2, 0.8], "app_u_global": [0.3, 0.7]}],
                 "robust": {"rule": "mean", "clip": None},
                 "dma": None,
@@ -293,7 +298,8 @@ def test_claims_print_paired_p_values_holm_corrected_and_seed_signs(tmp_path):
     secondary = rows[("FedDB", "FedAvg")]
     assert secondary["primary"] == "0" and secondary["p_holm"] == "" and secondary["verdict"] == ""
     md = (out / "claims.md").read_text()
-    assert "| 0.074 | 0.223 | 3+ 0− |" in md
+    assert "| 0.074 | 0.223 | 3+ 0− (0.250) | 0; 0 (1.000) |" in md  # sign test: 2 / 2^3
+    assert float(ssl["p_sign"]) == pytest.approx(0.25) and ssl["decided_on_counts"] == "0"
 
 
 def test_a_reports_paired_table_gives_each_comparison_its_p_and_holms_over_the_table():
@@ -419,3 +425,138 @@ def test_the_published_claims_tables_hold_no_comparison_with_unmatched_warm_ups(
         cell = md.split(f"## {r['regime']} regime, {r['setting']}\n")[1].split("\n## ")[0]
         shown = f"| {r['a']} − {r['b']} |" in cell
         assert shown == (r["matched"] == "1"), (r["regime"], r["setting"], r["a"], r["b"])
+
+
+def test_where_runs_collapse_the_counts_decide_with_fishers_test(tmp_path):
+    """Hand-made runs with known p: FixMatch collapses at all 5 seeds, FixMatch-FedDPL at 1 (its
+    differences are bimodal, one near 0): Fisher's exact test of 1 of 5 against 5 of 5 is
+    p = 10 / 210 = 0.0476, and the comparison is decided on it, not on the t interval. The sign
+    test beside it: 5 of 5 above, p = 2 / 32 = 0.0625."""
+    for seed in range(5):
+        fake_run(tmp_path, "fedavg", seed, 0.88, 0.8, 0.12)
+        fake_run(tmp_path, "fixmatch", seed, 0.11, 0.0, 0.9, collapsed=True)
+        dpl_final, dpl_collapsed = (0.12, True) if seed == 2 else (0.85 + seed / 100, False)
+        fake_run(tmp_path, "fixmatch-feddpl", seed, dpl_final, 0.5, 0.2, collapsed=dpl_collapsed)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {(r["a"], r["b"]): r for r in csv.DictReader((out / "claims.csv").open())}
+    dpl = rows[("FixMatch-FedDPL, n_m", "FixMatch, n_m")]
+    assert (dpl["collapsed_a"], dpl["collapsed_b"], dpl["decided_on_counts"]) == ("1", "5", "1")
+    assert float(dpl["p_fisher"]) == pytest.approx(10 / 210)
+    assert float(dpl["p_sign"]) == pytest.approx(2 / 32)
+    # Holm over the two primary comparisons: SSL (5 of 5 collapsed against 0 of 5: 2 / 252) and DPL
+    ssl = rows[("FixMatch, n_m", "FedAvg")]
+    assert float(ssl["p_fisher"]) == pytest.approx(2 / 252) and ssl["verdict"] == "fails"
+    assert float(dpl["p_holm"]) == pytest.approx(10 / 210) and dpl["verdict"] == "holds"
+    md = (out / "claims.md").read_text()
+    assert "holds (collapsed 1 of 5 vs 5 of 5, Fisher p 0.048, p_Holm 0.048)" in md
+
+
+def test_the_sign_test_and_fishers_test_give_their_closed_forms():
+    from feddb.stats import fisher, paired_test, sign_test, split
+
+    assert sign_test(5, 0) == pytest.approx(0.0625) and sign_test(4, 1) == pytest.approx(0.375)
+    assert sign_test(0, 0) == 1.0
+    assert paired_test([78.1, 79.35, 2.05, 79.9, 81.65])["p_sign"] == pytest.approx(0.0625)
+    assert paired_test([1.0, 0.0, -2.0])["p_sign"] == 1.0  # a tie carries no sign
+    assert fisher(0, 5, 5, 5) == pytest.approx(2 / 252) and fisher(3, 5, 3, 5) == 1.0
+    assert split(1, 5, 5, 5) and not split(5, 5, 5, 5) and not split(0, 5, 0, 5)
+
+
+def test_pairs_on_two_machines_of_one_device_type_are_unmatched(tmp_path):
+    """An H100 arm against an H200 arm (both "cuda"): another float order, so no pair."""
+    for seed in range(3):
+        fake_run(
+            tmp_path,
+            "fixmatch",
+            seed,
+            0.85,
+            0.5,
+            0.14,
+            device="cuda:0",
+            hardware="NVIDIA H100 80GB HBM3, 16 cores",
+        )
+        fake_run(
+            tmp_path,
+            "feddb-without-dpl",
+            seed,
+            0.90,
+            0.5,
+            0.14,
+            device="cuda:0",
+            hardware="NVIDIA H200, 16 cores",
+        )
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = {(r["a"], r["b"]): r for r in csv.DictReader((out / "claims.csv").open())}
+    assert rows[("FedDB w/o DPL", "FixMatch, n_m")]["verdict"] == "unmatched"
+
+
+def test_reports_ablation_leaves_out_dpl_with_the_global_prior():
+    """The ablation table's "DPL ✓" is the paper's DPL (local prior); dpl_prior=global is another
+    method and its runs are not counted under it."""
+    from feddb.report import ablation_key
+
+    local = compose(["method=fixmatch", "dpl=true"])
+    assert ablation_key(local) == (True, False)
+    assert ablation_key({**local, "dpl_prior": "global"}) is None
+
+
+def test_a_reports_paired_table_decides_a_split_comparison_on_its_collapse_counts():
+    from feddb.report import paired_table
+
+    diffs = [78.1, 79.35, 2.05, 79.9, 81.65]
+    row = {"setting": "s", "a": "FedDB w/o DPL", "b": "FixMatch", "seeds": 5, "diffs": diffs}
+    row.update(mean=float(np.mean(diffs)), low=0.0, high=1.0, collapsed=(1, 5))
+    line = paired_table([row], "the interval is")[2].split(" | ")
+    assert line[7:10] == ["0.048", "0.062", "1 of 5; 5 of 5 (0.048)"]  # Holm of one: Fisher's p
+
+
+def test_the_cause_study_tables_each_factor_against_the_exact_point(tmp_path):
+    """Hand-made runs of the one-factor study: at the exact point FixMatch collapses at 5 of 5
+    seeds and FixMatch-FedDPL at 0; with GroupNorm FixMatch collapses at 0 of 3 (Fisher against
+    5 of 5: p = 1 / 56 = 0.018) and DPL changes it by +1 point at every seed (sign test p 0.25)."""
+
+    def run(row, seed, final, collapsed, *extra):
+        dpl = ["dpl=true"] if "feddpl" in row else []
+        fake_run(
+            tmp_path,
+            row,
+            seed,
+            final,
+            0.5,
+            0.9 if collapsed else 0.2,
+            warmup=0,
+            regime="cause",
+            collapsed=collapsed,
+            experiment="miniature_authors_exact",
+            extra=[*dpl, *extra],
+        )
+
+    for seed in range(5):
+        run("fixmatch", seed, 0.11, True)
+        run("fixmatch-feddpl", seed, 0.80, False)
+    for seed in range(3):
+        run("fixmatch-gn", seed, 0.90 + seed / 100, False, "model.norm=gn")
+        run("fixmatch-feddpl-gn", seed, 0.91 + seed / 100, False, "model.norm=gn")
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    section = md[md.index("## Why FixMatch collapses") :]
+    assert "| the exact point | FixMatch | 5 | 5 of 5 | – | 11.00 ± 0.00 | – |" in section
+    gn = next(
+        line for line in section.splitlines() if line.startswith("| model.norm=gn | FixMatch |")
+    )
+    assert "| 3 | 0 of 3 | 0.018 | 91.00 ± 1.00 |" in gn
+    assert (
+        "+80.00 [+77.52, +82.48] (sign test p 0.250; 3 pairs); collapsed 0 vs 3, Fisher p 0.100"
+        in gn
+    )
+    assert "| model.norm=gn | FixMatch-FedDPL − FixMatch | +1.00 [+1.00, +1.00]" in section
+    assert (
+        "| the exact point | FixMatch-FedDPL − FixMatch | +69.00 [+69.00, +69.00] (sign test p 0.062; 5 pairs); collapsed 0 vs 5, Fisher p 0.008 |"
+        in section
+    )
+    assert "Provenance: 16 complete runs" in section
+    lines = list(csv.DictReader((out / "runs.csv").open()))
+    assert sum(r["regime"] == "cause" for r in lines) == 16

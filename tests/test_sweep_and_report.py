@@ -428,7 +428,10 @@ def test_the_floor_counts_a_sweeps_runs_and_a_run_from_three_short_ones(tmp_path
     rows = sweep_rows(["mnist_miniature", "mnist_miniature_others"])
     assert sum(r["runs"] for r in rows) == 43 and len(rows) == 11
     assert all("experiment='miniature'" in r["run_config"] for r in rows)
-    with pytest.raises(SystemExit, match="no sweep preset 'nope'; choose from claims_authors"):
+    with pytest.raises(
+        SystemExit,
+        match="no sweep preset 'nope'; choose from cause_exact, cause_exact_more, claims_authors",
+    ):
         sweep_rows(["nope"])
     tiny = (
         "fl.num_clients=20 fl.fraction_train=0.1 dataset.num_labeled=40 train.local_steps=2 "
