@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -137,4 +138,22 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
-HANDLERS: dict[str, Callable[[Message, Context], Message]] = {"train": train, "evaluate": evaluate}
+def guarded(
+    handler: Callable[[Message, Context], Message],
+) -> Callable[[Message, Context], Message]:
+    """The handler, with any exception it raises turned into an error reply that carries the
+    traceback (Flower's own error reply keeps one line; the server keeps the whole of it)."""
+
+    def run(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as err:  # noqa: BLE001 - every failure goes back to the server
+            return contract.error_reply(msg, err, traceback.format_exc())
+
+    return run
+
+
+HANDLERS: dict[str, Callable[[Message, Context], Message]] = {
+    "train": guarded(train),
+    "evaluate": guarded(evaluate),
+}

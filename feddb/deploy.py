@@ -29,6 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
+from server_app.rounds import FAILED_EXIT, FAILURE
+
 from .launch import (
     PROJECT,
     TOKEN_VAR,
@@ -492,6 +494,11 @@ def run_local(
             status = dep.follow(run_id)
         if chaos is not None:
             print(chaos.stop(), flush=True)
+        failure = Path(run_config.get("output-dir") or ".") / FAILURE
+        if status.get("status") != "finished:completed" and failure.is_file():
+            reason = json.loads(failure.read_text()).get("reason", "")
+            print(f"error: run failed: {reason}", file=sys.stderr)
+            return FAILED_EXIT
         if status.get("status") != "finished:completed":
             print(
                 f"error: run {run_id} ended as {status.get('status')}: "

@@ -157,15 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(PROJECT))
     from fssl.config import ConfigError
     from fssl.data import DataError
+    from server_app.rounds import FAILED_EXIT, RunFailed
 
     from .launch import preflight
 
     try:
         run_config, _ = preflight(args.run_config)
-        run_in_process(run_config)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    try:
+        run_in_process(run_config)
+    except RunFailed as err:
+        print(f"error: run failed: {err}", file=sys.stderr)
+        return FAILED_EXIT
     return 0
 
 

@@ -224,10 +224,12 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
         line = line.rstrip("\n")
         if "[feddb] round" in line:
             STARTED.set()
+        if RUN_FAILED in line:
+            FAILED.append(line[line.find(RUN_FAILED) + len(RUN_FAILED) :].strip())
         if verbose:
             print(line, flush=True)
             continue
-        if not shown(line):
+        if FAILED or not shown(line):  # after the failure line: the ServerApp's traceback
             continue
         bar = progress_bar(line) if tty else None
         if bar is not None:
@@ -303,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 STARTED = threading.Event()  # set when the run's first round line arrives (follow_log)
+RUN_FAILED = "[feddb] run failed:"  # the ServerApp's line for a run that failed while training
+FAILED: list[str] = []  # its cause, once follow_log has seen it
 
 
 @contextlib.contextmanager
@@ -458,6 +462,11 @@ def flwr_run(
         if show:
             follow_log(run_id, env, verbose, followers)
         status = wait_for(run_id, env, follow=not show)
+        if FAILED:
+            from server_app.rounds import FAILED_EXIT
+
+            print(f"error: run failed: {FAILED[0]}", file=sys.stderr)
+            return FAILED_EXIT
         if status.get("status") != "finished:completed":
             print(
                 f"error: run {run_id} ended as {status.get('status')}: "

@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from server_app.rounds import FAILURE
+
 PROJECT = Path(__file__).resolve().parents[1]
 STATUS = "sweep_status.jsonl"
 
@@ -68,13 +70,14 @@ def run_dir_of(cfg: Any) -> Path:
 
 
 def complete(run_dir: Path) -> bool:
-    """summary.json written and every configured round in metrics.jsonl."""
+    """summary.json written, every configured round in metrics.jsonl, and no round that
+    trained no client (failure.json)."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         rounds = yaml.safe_load((run_dir / "config.yaml").read_text())["num_rounds"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return summary.get("rounds") == rounds
+    return summary.get("rounds") == rounds and not (run_dir / FAILURE).is_file()
 
 
 def join_overrides(row: str, extra: str) -> tuple[str, str]:
@@ -135,6 +138,11 @@ def run_one(cfg: Any) -> dict[str, Any]:
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
+    if (run_dir / FAILURE).is_file():  # a failed run is run again; its directory kept beside
+        kept = run_dir.with_name(run_dir.name + ".failed")
+        shutil.rmtree(kept, ignore_errors=True)
+        run_dir.rename(kept)
+        record["rerun_after_failure"] = str(kept)
     interrupted = (run_dir / "config.yaml").is_file() and any(
         (run_dir / f).is_file() for f in ("checkpoint.pt", "checkpoint.prev.pt")
     )

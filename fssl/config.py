@@ -442,6 +442,7 @@ def validate(cfg: dict[str, Any]) -> None:
     )
     number(cfg, "fl.round_timeout", "fl.node_wait", low=0)
     integer(cfg, "fl.min_train_clients", low=1)
+    integer(cfg, "fl.max_failed_rounds", low=0, default=3)
 
     choice(cfg, "train.mode", ("fullbatch", "minibatch"))
     choice(cfg, "train.lr_schedule", ("cosine", "constant"))

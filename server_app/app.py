@@ -32,7 +32,7 @@ from strategy.contract import ReplyError, arrays_to_numpy, numpy_to_arrays, pars
 
 from .config import resolve
 from .recorder import RoundRecorder
-from .rounds import RoundLoop, collect, push
+from .rounds import FAILURE, RoundLoop, RunFailed, collect, push
 
 app = ServerApp()
 
@@ -410,6 +410,8 @@ def main(grid: Grid, context: Context) -> None:
         flwr_logger.setLevel(level)
         recorder.close()
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
+    if loop.failed:
+        fail(run_dir, loop)
     s = recorder.summary()
     if s["final_test_accuracy"] is not None:
         selected = (
@@ -429,6 +431,20 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
     print(f"[feddb] run directory: {run_dir}", flush=True)
+
+
+def fail(run_dir: Path, loop: RoundLoop) -> None:
+    """End a run in which a round trained no client: failure.json in the run directory (a sweep
+    then runs it again), one line naming the first cause, and RunFailed (exit 3)."""
+    more = f"; {len(loop.failed)} rounds like it" if len(loop.failed) > 1 else ""
+    if loop.stopped_after:
+        more += f", stopped after round {loop.stopped_after} (fl.max_failed_rounds in a row)"
+    line = loop.failed[0] + more
+    errors = run_dir / "client_errors.log"
+    logs = f"; tracebacks in {errors}" if errors.is_file() else ""
+    (run_dir / FAILURE).write_text(json.dumps({"reason": line, "rounds": loop.failed}, indent=2))
+    print(f"[feddb] run failed: {line}{logs}", flush=True)
+    raise RunFailed(line + logs)
 
 
 def loss_check(cfg: dict[str, Any], recorder: RoundRecorder, idle_cores: bool) -> dict[str, Any]:

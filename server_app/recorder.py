@@ -271,7 +271,7 @@ class RoundRecorder:
             "lr": info.lr,
             "skipped": info.skipped,
             "num_failures": len(info.failures),
-            "failures": info.failures,
+            "failures": self.keep_tracebacks(server_round, info.failures),
             "clients": clients,
             "dma": info.dma,
             "robust": info.robust,  # norm bound and rule (strategy/robust.py)
@@ -318,6 +318,19 @@ class RoundRecorder:
             + ("  SKIPPED" if record["skipped"] else ""),
             flush=True,
         )
+
+    def keep_tracebacks(self, server_round: int, failures: list[dict]) -> list[dict]:
+        """The round's failures for metrics.jsonl (one line each); the clients' tracebacks go
+        whole into run_dir/client_errors.log."""
+        traced = [f for f in failures if f.get("traceback")]
+        if traced:
+            with open(self.run_dir / "client_errors.log", "a") as f:
+                for x in traced:
+                    f.write(
+                        f"round {server_round}, partition {x['partition_id']} (node "
+                        f"{x['node_id']}): {x['reason']}\n{x['traceback'].rstrip()}\n\n"
+                    )
+        return [{k: v for k, v in x.items() if k != "traceback"} for x in failures]
 
     def state(self) -> dict[str, Any]:
         prev = self.prev_class_acc

@@ -24,6 +24,26 @@ from strategy import RoundRecord, WeightedAverage
 from strategy.contract import arrays_to_numpy
 
 EvaluateFn = Callable[[int, ArrayRecord, RoundRecord | None], Any]
+FAILED_EXIT = 3  # a run that failed while training: a round trained no client (docs/running.md)
+FAILURE = "failure.json"  # in the run directory of such a run: the cause, round by round
+
+
+class RunFailed(RuntimeError):
+    """A run in which a round trained no client: its one line names the first cause."""
+
+
+def trained_none(record: RoundRecord) -> bool:
+    """Every client sampled in the round failed (an error, a malformed reply, no reply in time)."""
+    failed = {f["partition_id"] for f in record.failures}
+    return bool(record.sampled) and set(record.sampled) <= failed
+
+
+def failure_line(record: RoundRecord) -> str:
+    first = record.failures[0]
+    return (
+        f"round {record.round} trained no client (all {len(record.sampled)} sampled failed; "
+        f"partition {first['partition_id']}, node {first['node_id']}: {first['reason']})"
+    )
 
 
 def push(grid: Grid, messages: Iterable[Message]) -> Any:
@@ -82,6 +102,11 @@ class RoundLoop:
         self.before_round: Callable[[int], None] | None = None
         self.parallel_seconds = 0.0  # its training, inside the push of the round's instructions
         self.first_push_time: float | None = None  # the start-up timeline's "first round sent"
+        self.failed: list[str] = []  # one line per round that trained no client
+        self.stopped_after: int | None = (
+            None  # the round after which fl.max_failed_rounds stopped it
+        )
+        self.in_a_row = 0  # rounds in a row that trained no client
 
     def push_train(self, server_round: int, arrays: ArrayRecord) -> Any:
         """Send round t's instructions; a server that trains in parallel then trains on its
@@ -181,8 +206,22 @@ class RoundLoop:
             clock.lap("evaluate_and_record")
             after_round(server_round, arrays)
             after_previous = clock.lap("checkpoint")
+            if self.gave_up(server_round, record):
+                self.stopped_after = server_round
+                break
             if server_round < last and not overlap:
                 pending = self.push_train(server_round + 1, arrays)
                 clock.lap("configure_next")
             clock.laps = {"configure": clock.laps.get("configure_next", 0.0)}
         return arrays
+
+    def gave_up(self, server_round: int, record: RoundRecord) -> bool:
+        """Note a round that trained no client; True once `fl.max_failed_rounds` of them come in
+        a row (0: never stop), since more rounds would fail the same way."""
+        if not trained_none(record):
+            self.in_a_row = 0
+            return False
+        self.failed.append(failure_line(record))
+        self.in_a_row += 1
+        limit = self.cfg["fl"].get("max_failed_rounds", 3)
+        return bool(limit) and self.in_a_row >= limit and server_round < self.cfg["num_rounds"]

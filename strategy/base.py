@@ -366,7 +366,8 @@ class WeightedAverage(FedAvg):
         for msg in replies:
             try:
                 if msg.has_error():
-                    raise ReplyError(f"client error: {msg.error.reason}")
+                    reason, trace = contract.error_of(msg)
+                    raise ReplyError(f"client error: {reason}", trace)
                 reply = self.parse_reply(msg)
                 if sampled and reply["metrics"]["partition_id"] not in sampled:
                     raise ReplyError(
@@ -381,10 +382,10 @@ class WeightedAverage(FedAvg):
                     )
                 parsed.append(reply)
             except ReplyError as err:
-                bad.append((msg, str(err)))
+                bad.append((msg, err))
         answered = {p["metrics"]["partition_id"] for p in parsed}
         instructed = self.instructed()
-        for msg, reason in bad:
+        for msg, err in bad:
             # charged to the partition whose instruction it answers: a SuperLink's own error
             # reply has the SuperLink, not the node, as its source
             pid, node = instructed.get(msg.metadata.reply_to_message_id, (None, None))
@@ -399,7 +400,10 @@ class WeightedAverage(FedAvg):
                     None,
                 )
             answered.add(pid)
-            failures.append({"partition_id": pid, "node_id": node, "reason": reason})
+            failure = {"partition_id": pid, "node_id": node, "reason": str(err.args[0])}
+            if len(err.args) > 1 and err.args[1]:
+                failure["traceback"] = err.args[1]  # kept in client_errors.log, not metrics
+            failures.append(failure)
         for pid in sampled:
             if pid not in answered:
                 node = self.node_of.get(pid)

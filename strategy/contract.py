@@ -86,6 +86,26 @@ def train_reply(instruction: Message, arrays: ArrayRecord, metrics: dict[str, An
     return Message(content=content, reply_to=instruction)
 
 
+MAX_TRACEBACK = 20_000  # characters of a client's traceback kept (replies are untrusted)
+
+
+def error_reply(instruction: Message, err: BaseException, trace: str) -> Message:
+    """A ClientApp's failure as an error reply: the first line says what (`Type: message`), the
+    rest is its traceback, which the server keeps in the run directory (client_errors.log)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    reason = f"{type(err).__name__}: {err}".replace("\n", " ") + "\n" + trace
+    return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=instruction)
+
+
+def error_of(reply: Message) -> tuple[str, str]:
+    """An error reply's one-line reason and the traceback after it (bounded)."""
+    text = str(reply.error.reason or "")
+    first, _, rest = text.partition("\n")
+    return first[:1000], rest[:MAX_TRACEBACK]
+
+
 def node_info_reply(query: Message, info: dict[str, Any]) -> Message:
     return Message(content=RecordDict({"info": MetricRecord(info)}), reply_to=query)
 

@@ -16,6 +16,7 @@ from client_app.app import app as client_app
 from fssl import checkpoint
 from fssl.config import ConfigError
 from server_app.config import resolve
+from server_app.rounds import RunFailed
 
 ROUNDS = 4
 OVERRIDES = (
@@ -297,7 +298,10 @@ def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_
     def drop_all_round_2(ins, ctx, reply):
         return None if round_of(ins) == 2 and "arrays" in reply.content else reply
 
-    recs = records(run_server(tmp_path / "skip", small_npz, drop_all_round_2))
+    with pytest.raises(RunFailed, match="round 2 trained no client"):  # exit 3 (feddb local)
+        run_server(tmp_path / "skip", small_npz, drop_all_round_2)
+    recs = records(tmp_path / "skip")
+    assert len(recs) == ROUNDS  # one such round does not stop the run
     assert recs[1]["skipped"] and recs[1]["clients"] == [] and recs[1]["num_failures"] == 3
     assert recs[1]["test_accuracy"] == recs[0]["test_accuracy"]
     assert not recs[2]["skipped"]
@@ -626,3 +630,59 @@ def test_a_deployment_starts_without_a_node_that_died_while_asked_its_partition(
     config = Config({"server-round": 1})
     sent = WeightedAverage._messages(strategy, [0, 1, 2], ArrayRecord(), config, "train")
     assert [m.metadata.dst_node_id for m in sent] == [10, 12]
+
+
+BROKEN_METHOD = """
+from fssl.methods.fixmatch import FixMatch
+
+
+class Broken(FixMatch):
+    def fit(self, *args, **kwargs):
+        raise RuntimeError("boom in fit")
+"""
+
+
+def test_a_run_whose_clients_all_fail_exits_3_with_the_cause_and_keeps_their_tracebacks(
+    small_npz, tmp_path, capsys
+):
+    """`feddb local` with a user's method whose fit raises: every round trains no client; the run
+    stops after fl.max_failed_rounds such rounds in a row, exits 3 with one line naming the
+    first cause, and keeps the clients' tracebacks in the run directory."""
+    from feddb import inprocess
+
+    method = tmp_path / "broken.py"
+    method.write_text(BROKEN_METHOD)
+    run_dir = tmp_path / "run"
+    rc = (
+        f"method='{method}:Broken' dataset='npz' data-path='{small_npz}' num-server-rounds=50 "
+        f"output-dir='{run_dir}' overrides='{OVERRIDES}'"
+    )
+    assert inprocess.main(["--run-config", rc]) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: run failed: round 1 trained no client (all 3 sampled failed;")
+    assert "RuntimeError: boom in fit" in err and "stopped after round 3" in err
+    assert len(records(run_dir)) == 3
+    failure = json.loads((run_dir / "failure.json").read_text())
+    assert len(failure["rounds"]) == 3
+    log = (run_dir / "client_errors.log").read_text()
+    assert log.count("Traceback (most recent call last)") == 9 and 'broken.py", line' in log
+    assert "Traceback" not in (run_dir / "metrics.jsonl").read_text()  # one line a failure there
+
+
+def test_a_run_whose_rounds_all_time_out_stops_and_fails(small_npz, tmp_path):
+    """No reply in any round (what fl.round_timeout=0.01 gives a real simulation): the run does
+    not go on for num-server-rounds; it stops after fl.max_failed_rounds and fails."""
+
+    def silent(ins, ctx, reply):
+        return None if "arrays" in reply.content else reply
+
+    rc = {
+        "dataset": "npz",
+        "data-path": str(small_npz),
+        "num-server-rounds": 100000,
+        "output-dir": str(tmp_path / "run"),
+        "overrides": OVERRIDES + " fl.max_failed_rounds=2",
+    }
+    with pytest.raises(RunFailed, match="no reply within fl.round_timeout.*stopped after round 2"):
+        run_in_process(rc, 6, silent)
+    assert len(records(tmp_path / "run")) == 2

@@ -287,3 +287,34 @@ def test_a_superlink_late_for_flowers_15_s_is_started_again(
     started = launch.start_run(["run", "app"], {})
     assert len(made) == calls and all(a == ["run", "app"] for a in made)
     assert ('"run-id"' in started.stdout) == run_started
+
+
+def test_a_run_that_failed_while_training_makes_the_launcher_exit_3(tmp_path, monkeypatch, capsys):
+    """`feddb run`: the ServerApp's "run failed" line in the run's log makes the launcher exit 3
+    with that cause in one line, and what Flower prints after it (the ServerApp's traceback) is
+    not shown."""
+    log = (
+        "INFO :      [feddb] round   3/9  test acc 0.1410\n"
+        "INFO :      [feddb] run failed: round 1 trained no client (all 2 sampled failed; "
+        "partition 1, node 5: client error: RuntimeError: boom)\n"
+        "ERROR :     Traceback (most recent call last):\n"
+        "ERROR :     RunFailed: round 1 trained no client\n"
+    )
+    fake = _fake(tmp_path, "flwr", f"import sys; sys.stdout.write({log!r})")
+    monkeypatch.setattr(launch, "flwr_exe", lambda: fake)
+    monkeypatch.setattr(launch, "lean_app", lambda app, stage: app)
+    monkeypatch.setattr(
+        launch,
+        "start_run",
+        lambda cmd, env: subprocess.CompletedProcess(cmd, 0, stdout='{"run-id": 7}', stderr=""),
+    )
+    monkeypatch.setattr(launch, "wait_for", lambda *a, **k: {"status": "finished:failed"})
+    monkeypatch.setattr(launch, "stop_run", lambda *a: None)
+    monkeypatch.setattr(launch, "FAILED", [])
+    assert launch.flwr_run(tmp_path, {}, "") == 3
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.strip() == (
+        "error: run failed: round 1 trained no client (all 2 sampled failed; partition 1, node 5: "
+        "client error: RuntimeError: boom)"
+    )

@@ -505,3 +505,19 @@ def test_sweep_help_lists_the_sweeps_own_flags_and_hydras():
     assert res.returncode == 0, res.stderr
     assert "--jobs N|auto" in res.stdout and "--mps" in res.stdout
     assert "powered by Hydra" in res.stdout  # Hydra's own help follows
+
+
+def test_a_failed_run_is_not_complete_and_a_sweep_runs_it_again(tmp_path):
+    """A run that ended with failure.json (a round trained no client, exit 3) is not skipped:
+    `complete` is false, so the next sweep runs it again, its directory kept as <seed>.failed."""
+    import yaml
+
+    from feddb.sweep import complete
+
+    run = tmp_path / "s0"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"rounds": 2}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"num_rounds": 2}))
+    assert complete(run)
+    (run / "failure.json").write_text("{}")
+    assert not complete(run)
