@@ -307,7 +307,7 @@ def honest_weights(run_dirs: list[Path]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default="runs/attacks")
+    ap.add_argument("--out", default="runs/attacks", help="where the benchmark's runs go")
     ap.add_argument(
         "--part",
         default="0/1",

@@ -247,7 +247,9 @@ def flwr_rounds(args, rounds: int, gpus: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train"
+    )
     ap.add_argument("--preset", choices=list(PRESETS), help="default: paper on CUDA, small on CPU")
     ap.add_argument("--dataset", help="dataset name (default: the preset's)")
     ap.add_argument(
@@ -255,9 +257,14 @@ def main() -> int:
         default="",
         help="dataset directory; missing CIFAR-10 -> random images of its shape",
     )
-    ap.add_argument("--model")
-    for key in ("clients", "labeled", "unlabeled", "epochs"):
-        ap.add_argument(f"--{key}", type=int)
+    ap.add_argument("--model", help="model name, conf/model/ (default: the preset's)")
+    for key, what in (
+        ("clients", "clients (default: the preset's)"),
+        ("labeled", "labeled images a client (default: the preset's)"),
+        ("unlabeled", "unlabeled images a client (default: the preset's)"),
+        ("epochs", "local epochs a round (default: the preset's)"),
+    ):
+        ap.add_argument(f"--{key}", type=int, help=what)
     ap.add_argument("--compile", action="store_true", help="torch.compile the project's model")
     ap.add_argument(
         "--flwr-rounds",

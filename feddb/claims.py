@@ -28,7 +28,7 @@ import numpy as np
 
 from feddb import factors
 from feddb.factors import device_kind
-from feddb.report import colours, curve_figure, embed, load_runs
+from feddb.report import colours, curve_figure, embed, load_runs, out_problem
 from feddb.reproduce import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from server_app.config import compose
@@ -658,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     if not root.is_dir():
         print(f"error: not a directory: {root}", file=sys.stderr)
+        return 2
+    if out_problem(Path(args.out)):
+        print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
     everything = load(root)
     runs = [r for r in everything if r["regime"] != factors.CAUSE]

@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"feddb: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[cmd][0])
+    sys.argv = [f"feddb {cmd}", *rest]  # argparse's usage lines name the subcommand
     if cmd in NO_ARGV:
-        sys.argv = [f"feddb {cmd}", *rest]
         return int(module.main() or 0)
     return int(module.main(rest) or 0)
 

@@ -35,10 +35,12 @@ from .launch import (
     PROJECT,
     TOKEN_VAR,
     absolute_paths,
+    add_run_config,
     format_run_config,
     free_port,
     lean_app,
     marked,
+    one_run_config,
     parse_run_config,
     stop,
 )
@@ -708,22 +710,32 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")
-    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--out", type=Path, required=True, help="directory for the files")
     c.add_argument(
         "--hosts",
         default="localhost,127.0.0.1",
         help="comma-separated host names and IP addresses of the SuperLink",
     )
     k = sub.add_parser("keys", help="SuperNode key pairs")
-    k.add_argument("--out", type=Path, required=True)
-    k.add_argument("--count", type=int, required=True)
+    k.add_argument("--out", type=Path, required=True, help="directory for the key pairs")
+    k.add_argument("--count", type=int, required=True, help="key pairs, one per SuperNode (>= 1)")
     e = sub.add_parser("export", help="one data file per client")
-    e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--run-config", default="")
+    e.add_argument("--out", type=Path, required=True, help="directory for the clients' files")
+    add_run_config(e)
     lo = sub.add_parser("local", help="a whole deployment on this machine")
-    lo.add_argument("--nodes", type=int, required=True)
-    lo.add_argument("--workdir", type=Path, default=PROJECT / "deploy")
-    lo.add_argument("--run-config", default="")
+    lo.add_argument(
+        "--nodes",
+        type=int,
+        required=True,
+        help="SuperNodes to start: one per client (fl.num_clients)",
+    )
+    lo.add_argument(
+        "--workdir",
+        type=Path,
+        default=PROJECT / "deploy",
+        help="where certificates, keys, data files and logs go (default: deploy/)",
+    )
+    add_run_config(lo)
     lo.add_argument("--insecure", action="store_true", help="no TLS, no node authentication")
     lo.add_argument(
         "--kill-node-after",
@@ -789,8 +801,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(PROJECT))
+    hosts = [h.strip() for h in getattr(args, "hosts", "").split(",") if h.strip()]
+    if args.cmd == "certs" and not hosts:
+        print(
+            "error: --hosts names no host: give the SuperLink's names or addresses", file=sys.stderr
+        )
+        return 2
+    if args.cmd == "keys" and args.count < 1:
+        print(f"error: --count {args.count}: make at least one key pair", file=sys.stderr)
+        return 2
     if args.cmd == "certs":
-        files = make_certs(args.out, [h.strip() for h in args.hosts.split(",") if h.strip()])
+        files = make_certs(args.out, hosts)
         print("\n".join(f"{k}: {v}" for k, v in files.items()))
         return 0
     if args.cmd == "keys":
@@ -801,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     from fssl.data import DataError
 
     try:
-        run_config = absolute_paths(parse_run_config(args.run_config))
+        run_config = absolute_paths(parse_run_config(one_run_config(args.run_config)))
         if args.cmd == "export":
             for file in export_data(run_config, args.out):
                 print(file)

@@ -149,20 +149,18 @@ def run_in_process(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launch import add_run_config, one_run_config, preflight
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument(
-        "--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\""
-    )
+    add_run_config(ap)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     from fssl.config import ConfigError
     from fssl.data import DataError
     from server_app.rounds import FAILED_EXIT, RunFailed
 
-    from .launch import preflight
-
     try:
-        run_config, _ = preflight(args.run_config)
+        run_config, _ = preflight(one_run_config(args.run_config))
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

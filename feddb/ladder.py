@@ -3,7 +3,7 @@
     feddb ladder --out runs/ladder                 # every rung, seed 0
     feddb ladder --rungs central --labels 100 --modes minibatch,fullbatch
 
-Rungs (MNIST-10k unless --dataset/--data-path say otherwise), each run in process with the real
+Rungs on the embedded MNIST-10k, each run in process with the real
 ServerApp and ClientApp, its run directory under --out (complete runs are skipped, so an
 interrupted ladder resumes):
 - central: one client holding all training images, 100 and 40 labels: labels-only vs FixMatch, in
@@ -136,15 +136,19 @@ def pseudo_label_accuracy(run_dir: Path) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default="runs/ladder")
-    ap.add_argument("--rungs", default="central,iid,dir0.3,dir0.1,protocol")
+    ap.add_argument("--out", default="runs/ladder", help="where the rungs' run directories go")
+    ap.add_argument(
+        "--rungs",
+        default="central,iid,dir0.3,dir0.1,protocol",
+        help="comma-separated rungs to run (default: all)",
+    )
     ap.add_argument("--labels", default="100,40", help="label counts of the central rung")
     ap.add_argument(
         "--modes",
         default="minibatch",
         help="training modes of the central rung: minibatch, fullbatch",
     )
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the seed of every rung's runs")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     from fssl.config import ConfigError

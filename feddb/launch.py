@@ -247,10 +247,13 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_run_config(ap)
     ap.add_argument(
-        "--run-config", default="", help="Flower run-config, e.g. \"method='fixmatch'\""
+        "--cpus-per-client",
+        type=int,
+        default=1,
+        help="CPU cores Ray reserves for each simulated client (>= 1)",
     )
-    ap.add_argument("--cpus-per-client", type=int, default=1)
     ap.add_argument(
         "--gpus-per-client",
         default="0",
@@ -293,8 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["FEDDB_LAUNCH_TIME"] = str(process_start() or time.time())
     # bad input is answered before any process starts (Ray, the SuperLink)
     try:
-        run_config, cfg = preflight(args.run_config)
+        run_config, cfg = preflight(one_run_config(args.run_config))
         gpus = gpus_per_client(args.gpus_per_client, cfg)
+        if args.cpus_per_client < 1:
+            raise ValueError(
+                f"--cpus-per-client must be at least 1, got {args.cpus_per_client} (Ray gives "
+                "each simulated client whole cores)"
+            )
     except (ConfigError, DataError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -337,6 +345,26 @@ def startup_lock(bound: float = 120.0):
             release()
 
 
+RUN_CONFIG_HELP = (
+    "Flower run-config, e.g. \"method='fixmatch' seed=1\"; given once, with every key in it"
+)
+
+
+def add_run_config(ap: argparse.ArgumentParser) -> None:
+    """`--run-config`, collected so that a second one is refused rather than silently winning."""
+    ap.add_argument("--run-config", action="append", default=[], help=RUN_CONFIG_HELP)
+
+
+def one_run_config(given: list[str]) -> str:
+    """The one `--run-config` given ('' for none); ValueError when it was given more than once."""
+    if len(given) > 1:
+        raise ValueError(
+            f"--run-config given {len(given)} times ({'; '.join(given)}): put every key in one, "
+            f'e.g. --run-config "{" ".join(given)}"'
+        )
+    return given[0] if given else ""
+
+
 def preflight(text: str) -> tuple[dict, dict]:
     """Everything that can be checked before a process starts: the run-config, the composed
     configuration, the data and the split it must give, a resume directory's checkpoint. Raises
@@ -349,6 +377,14 @@ def preflight(text: str) -> tuple[dict, dict]:
 
     run_config = absolute_paths(parse_run_config(text))
     cfg, resume_dir = resolve(run_config)
+    if cfg["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "device=cuda, and this machine has no CUDA GPU that PyTorch can use: set "
+                "device=auto (the GPU where there is one) or device=cpu"
+            )
     load_dataset(cfg["dataset"])
     partition_for(cfg)  # a split the data cannot give fails here, not after Flower starts
     if resume_dir is not None:
@@ -417,6 +453,7 @@ def flwr_run(
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
+    FAILED.clear()
     export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     http_port, control_port = free_port(), free_port()
@@ -582,6 +619,13 @@ def gpus_per_client(value: str, cfg: dict) -> float:
         share = -1.0
     if not 0 <= share <= 1:
         raise ValueError(f"--gpus-per-client must be a number in [0, 1] or auto, got {value!r}")
+    from fssl.train import resolve_device
+
+    if share > 0 and resolve_device(cfg["device"]).type != "cuda":
+        raise ValueError(
+            f"--gpus-per-client {value}: this run trains on the CPU (device={cfg['device']}, no "
+            "CUDA GPU here), and Ray would wait for a GPU that is not there; drop the option"
+        )
     return share
 
 

@@ -193,7 +193,7 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
     for root in paths:
         for cfg_file in sorted(root.rglob("config.yaml")):
             run_dir = cfg_file.parent
-            if any(part.endswith(".interrupted") for part in run_dir.parts):
+            if any(part.endswith((".interrupted", ".failed")) for part in run_dir.parts):
                 continue  # a partial run a sweep started again (feddb.sweep.resumable)
             metrics = run_dir / "metrics.jsonl"
             if not metrics.is_file():
@@ -1005,6 +1005,14 @@ def embed(figs: list[Path], captions: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def out_problem(out: Path) -> str | None:
+    """Why `--out` cannot be the directory the tables go to (a file is on its path), or None."""
+    for part in [out, *out.absolute().parents]:
+        if part.exists() and not part.is_dir():
+            return f"--out {out}: {part} is a file, not a directory; choose a directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run directories or directories holding them")
@@ -1014,6 +1022,9 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in paths if not p.is_dir()]
     if missing:
         print(f"error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if out_problem(Path(args.out)):
+        print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
     runs = load_runs(paths)
     if not runs:

@@ -195,7 +195,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    lines = list(csv.DictReader(path.open()))
+    try:
+        lines = list(csv.DictReader(path.open()))
+    except (UnicodeDecodeError, csv.Error) as err:
+        print(f"error: {path} is not a runs table ({err})", file=sys.stderr)
+        return 2
+    absent = [f for f in ("row", "seed", "final", "run_config") if lines and f not in lines[0]]
+    if not lines or absent:
+        print(
+            f"error: {path} is not a runs table (a table's runs.csv): "
+            + (f"it lacks the columns {absent}" if lines else "it holds no runs"),
+            file=sys.stderr,
+        )
+        return 2
     try:
         chosen = select(lines, args.select, [r for r in args.rows.split(",") if r])
     except ValueError as err:

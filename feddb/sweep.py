@@ -112,10 +112,16 @@ def resumable(run_dir: Path) -> bool:
     train = (yaml.safe_load(config.read_text()) or {}).get("train") or {}
     if train.get("optimizer_state", "fresh") != "client":
         return True
-    kept = run_dir.with_name(run_dir.name + ".interrupted")
+    set_aside(run_dir, ".interrupted")
+    return False
+
+
+def set_aside(run_dir: Path, suffix: str) -> Path:
+    """Move a run directory that will be run again to <run><suffix> (replacing an older one)."""
+    kept = run_dir.with_name(run_dir.name + suffix)
     shutil.rmtree(kept, ignore_errors=True)
     run_dir.rename(kept)
-    return False
+    return kept
 
 
 def run_one(cfg: Any) -> dict[str, Any]:
@@ -139,15 +145,15 @@ def run_one(cfg: Any) -> dict[str, Any]:
     if complete(run_dir):
         return {**record, "status": "skipped"}
     if (run_dir / FAILURE).is_file():  # a failed run is run again; its directory kept beside
-        kept = run_dir.with_name(run_dir.name + ".failed")
-        shutil.rmtree(kept, ignore_errors=True)
-        run_dir.rename(kept)
-        record["rerun_after_failure"] = str(kept)
+        record["rerun_after_failure"] = str(set_aside(run_dir, ".failed"))
     interrupted = (run_dir / "config.yaml").is_file() and any(
         (run_dir / f).is_file() for f in ("checkpoint.pt", "checkpoint.prev.pt")
     )
     if interrupted and not resumable(run_dir):
         record["restarted"], interrupted = True, False
+    elif not interrupted and (run_dir / "config.yaml").is_file():  # stopped before a checkpoint
+        set_aside(run_dir, ".interrupted")
+        record["restarted"] = True
     if interrupted:
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:

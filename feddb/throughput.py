@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", default="1,2", help="concurrent runs to compare (default 1,2)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds each run trains (default 6)")
     ap.add_argument("--experiment", default="miniature", help="conf/experiment/ preset")
-    ap.add_argument("--method", default="feddb")
+    ap.add_argument("--method", default="feddb", help="the method every run trains")
     ap.add_argument(
         "--sweep-runs", type=int, default=43, help="runs of the projected sweep (miniature: 43)"
     )

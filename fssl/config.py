@@ -7,6 +7,7 @@ change) so the same YAML tree drives `flwr run`, the tests and the launcher.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 from collections.abc import Iterable
@@ -165,7 +166,9 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
     """The run's configuration and, with `resume=<run dir>`, that directory (its saved config)."""
     resume = str(run_config.get("resume", "") or "")
     if not resume:
-        return compose_from_run_config(run_config), None
+        cfg = compose_from_run_config(run_config)
+        check_output_dir(cfg.get("output_dir") or "")
+        return cfg, None
     others = sorted(k for k in given(run_config) if k != "resume")
     if others:
         raise ConfigError(
@@ -187,6 +190,28 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
     except (KeyError, TypeError) as err:
         raise ConfigError(f"{saved} is not a complete configuration ({err!r})") from err
     return cfg, run_dir
+
+
+def check_output_dir(out: str) -> None:
+    """A new run's directory must not hold another run (nothing of a finished run is ever
+    overwritten) and must be creatable: no regular file on its path, a writable place."""
+    if not out:
+        return
+    path = Path(out).expanduser().absolute()
+    if (path / "config.yaml").is_file():
+        raise ConfigError(
+            f"output-dir '{out}' holds a run ({path / 'config.yaml'}): resume it with "
+            f"resume='{path}', or choose another directory"
+        )
+    for part in [path, *path.parents]:
+        if part.exists() and not part.is_dir():
+            raise ConfigError(f"output-dir '{out}': {part} is a file, not a directory")
+        if part.is_dir():
+            if not os.access(part, os.W_OK | os.X_OK) or str(part).startswith("/proc"):
+                raise ConfigError(
+                    f"output-dir '{out}': cannot write in {part}; choose a directory you can write"
+                )
+            return
 
 
 # Where a `+key=value` override may add a key: the keyword arguments of a strategy and of a Flower
@@ -441,7 +466,14 @@ def validate(cfg: dict[str, Any]) -> None:
         note=f"(partition ids, e.g. [0]; {clients} = fl.num_clients)",
     )
     number(cfg, "fl.round_timeout", "fl.node_wait", low=0)
-    integer(cfg, "fl.min_train_clients", low=1)
+    least = integer(cfg, "fl.min_train_clients", low=1)
+    if least > clients_per_round(cfg):
+        raise ConfigError(
+            f"fl.min_train_clients={least} is more than the {clients_per_round(cfg)} clients a "
+            f"round samples (fl.fraction_train={cfg['fl']['fraction_train']} x "
+            f"fl.num_clients={cfg['fl']['num_clients']}): every round would keep the global "
+            "model; lower fl.min_train_clients, or raise fl.fraction_train or fl.num_clients"
+        )
     integer(cfg, "fl.max_failed_rounds", low=0, default=3)
 
     choice(cfg, "train.mode", ("fullbatch", "minibatch"))
@@ -631,6 +663,11 @@ def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
     from .methods import method_class
 
     semi = method_class(cfg["method"]["trainer"]).uses_unlabeled
+    if cfg["dpl"] and not semi:
+        raise ConfigError(
+            f"dpl=true with method {method}: DPL debiases pseudo-labels, and {method} trains on "
+            "labels only and makes none; drop dpl, or choose a pseudo-labelling method"
+        )
     if name == "labels_at_server" and semi and warmup >= rounds:
         raise ConfigError(
             f"method {method} in scenario labels_at_server: train.warmup_rounds={warmup} >= "

@@ -80,9 +80,17 @@ def load_dataset(dcfg: dict[str, Any]) -> Dataset:
         if not path:
             raise DataError("dataset npz needs a file: set data-path='/abs/path/data.npz'")
         file = Path(path).expanduser()
+        if file.is_dir():
+            raise DataError(
+                f"data-path {file.resolve()} is a directory, and dataset npz reads one .npz file: "
+                "name the file, or use dataset='imagefolder' for a directory of images"
+            )
         if not file.is_file():
             raise DataError(f"npz file not found: {file.resolve()} (run-config key data-path)")
-        return _from_arrays("npz", _read_npz(file), dcfg)
+        try:
+            return _from_arrays("npz", _read_npz(file), dcfg)
+        except DataError as err:
+            raise DataError(f"{file}: {err}") from err
     if name in ("imagefolder", "hf"):
         if not path:
             raise DataError(f"dataset {name} needs a directory: set data-path='/abs/dir'")
@@ -357,6 +365,9 @@ def _from_arrays(name: str, arrays: dict[str, Any], dcfg: dict[str, Any]) -> Dat
     xs, ys = {}, {}
     for split in ("train", "test"):
         x, y = np.asarray(arrays[f"x_{split}"]), np.asarray(arrays[f"y_{split}"])
+        if x.size == 0 or y.size == 0:
+            empty = f"x_{split}" if x.size == 0 else f"y_{split}"
+            raise DataError(f"{name}: {empty} is empty; it needs at least one image and label")
         if x.dtype != np.uint8:
             raise DataError(f"{name}: x_{split} must be uint8 images, got {x.dtype}")
         if x.ndim == 3:

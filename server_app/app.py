@@ -29,6 +29,7 @@ from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
 from strategy.contract import ReplyError, arrays_to_numpy, numpy_to_arrays, parse_node_info
+from strategy.flower import StrategyFailed
 
 from .config import resolve
 from .recorder import RoundRecorder
@@ -406,6 +407,9 @@ def main(grid: Grid, context: Context) -> None:
         arrays = loop.run(
             arrays, first_round, recorder, after_round, evaluate_first=resume_dir is None
         )  # round 0, as round 1 trains
+    except StrategyFailed as err:
+        loop.failed.insert(0, str(err))
+        fail(run_dir, loop)
     finally:
         flwr_logger.setLevel(level)
         recorder.close()

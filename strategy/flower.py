@@ -74,6 +74,21 @@ class StrategyError(ValueError):
     """The configured strategy cannot be loaded or used; the message says why and what to do."""
 
 
+class StrategyFailed(RuntimeError):
+    """A user's or Flower's strategy raised in one of its hooks during the run; the message
+    names the class and the hook."""
+
+
+def call(inner: Strategy, hook: str, *args: Any) -> Any:
+    """`inner.<hook>(*args)`, an exception in it named by class and hook (StrategyFailed)."""
+    try:
+        return getattr(inner, hook)(*args)
+    except Exception as err:  # noqa: BLE001 - the strategy is the user's code
+        raise StrategyFailed(
+            f"strategy {type(inner).__name__}.{hook} raised {type(err).__name__}: {err}"
+        ) from err
+
+
 def load_class(target: str) -> type:
     """`package.module:Class` (or `package.module.Class`) -> the class, checked to be a Flower
     message-API Strategy with its two training hooks."""
@@ -144,11 +159,10 @@ def check_choice(cfg: dict[str, Any]) -> None:
         "aggregates; choose strategy=fedmedian, fedtrimmedavg, krum, multikrum or bulyan "
         "for a robust rule)",
     )
-    if name == "custom":
-        try:
-            load_class(str(scfg["strategy"].get("target") or ""))
-        except StrategyError as err:
-            raise ConfigError(str(err)) from err
+    try:  # built once here, so that a constructor that fails stops the run before it starts
+        build_inner(scfg["strategy"])
+    except StrategyError as err:
+        raise ConfigError(str(err)) from err
 
 
 def build_inner(scfg: dict[str, Any]) -> Strategy:
@@ -176,6 +190,11 @@ def build_inner(scfg: dict[str, Any]) -> Strategy:
     except TypeError as err:
         raise StrategyError(
             f"strategy '{name}' cannot be built with strategy.params {sorted(params)}: {err}"
+        ) from err
+    except Exception as err:  # noqa: BLE001 - a user's constructor
+        raise StrategyError(
+            f"strategy '{name}': {cls.__name__}.__init__ raised {type(err).__name__}: {err} "
+            f"(strategy.params {sorted(params)})"
         ) from err
 
 
@@ -228,7 +247,14 @@ class FlowerStrategy(WeightedAverage):
             {k: Array(np.ascontiguousarray(self.global_arrays[k])) for k in self.trained_keys()}
         )
         sent = list(
-            self.inner.configure_train(server_round, trained, ConfigRecord(), SampledNodes(nodes))
+            call(
+                self.inner,
+                "configure_train",
+                server_round,
+                trained,
+                ConfigRecord(),
+                SampledNodes(nodes),
+            )
         )
         self.inner_config = {}
         if sent:
@@ -267,11 +293,16 @@ class FlowerStrategy(WeightedAverage):
             "name": self.cfg["strategy"]["name"],
             "weights_used": self.cfg["strategy"]["name"] not in UNWEIGHTED,
         }
-        result, _ = self.inner.aggregate_train(
-            self.round_record.round, self.inner_replies(parsed, client_arrays, weights)
+        result, _ = call(
+            self.inner,
+            "aggregate_train",
+            self.round_record.round,
+            self.inner_replies(parsed, client_arrays, weights),
         )
         if result is None:
-            raise RuntimeError(f"strategy '{self.cfg['strategy']['name']}' returned no arrays")
+            raise StrategyFailed(
+                f"strategy {type(self.inner).__name__}.aggregate_train returned no arrays"
+            )
         new_trained = arrays_to_numpy(result)
         new: dict[str, np.ndarray] = {}
         total = float(np.sum(weights)) or 1.0
