@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"feddb: unknown command '{cmd}'\n\n{usage()}", file=sys.stderr)
+        print(
+            f"error: unknown command '{cmd}'; choose from {', '.join(COMMANDS)} (feddb --help)",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(COMMANDS[cmd][0])
     sys.argv = [f"feddb {cmd}", *rest]  # argparse's usage lines name the subcommand

@@ -807,6 +807,12 @@ def main(argv: list[str] | None = None) -> int:
             "error: --hosts names no host: give the SuperLink's names or addresses", file=sys.stderr
         )
         return 2
+    if args.cmd == "local" and args.nodes < 1:
+        print(f"error: --nodes {args.nodes}: start at least one SuperNode", file=sys.stderr)
+        return 2
+    if args.cmd in ("certs", "keys", "export") and args.out.exists() and not args.out.is_dir():
+        print(f"error: --out {args.out} is a file; choose a directory", file=sys.stderr)
+        return 2
     if args.cmd == "keys" and args.count < 1:
         print(f"error: --count {args.count}: make at least one key pair", file=sys.stderr)
         return 2

@@ -375,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN",
     )
     args = ap.parse_args(argv)
+    if args.rounds <= SKIP:
+        print(
+            f"error: --rounds {args.rounds}: the first {SKIP} rounds are left out of the means "
+            f"(start-up); give at least {SKIP + 1}",
+            file=sys.stderr,
+        )
+        return 2
     if args.deployment:
         from .deployoverhead import main as deployment_main
 

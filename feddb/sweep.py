@@ -227,8 +227,19 @@ def split_jobs(argv: list[str]) -> tuple[int, list[str]]:
     if jobs == "auto":
         return auto_jobs(), rest
     if not jobs.isdigit() or int(jobs) < 1:
-        raise SystemExit(f"feddb sweep: --jobs takes a number >= 1 or auto, not '{jobs}'")
+        print(f"error: --jobs takes a number >= 1 or auto, not '{jobs}'", file=sys.stderr)
+        raise SystemExit(2)
     return int(jobs), rest
+
+
+def swept_rows(params: dict[str, str], task: list[str]) -> list[str]:
+    """The rows a multirun will run: the command line's `row=` or else the preset's."""
+    value = str(params.get("row", ""))
+    for item in task:
+        key, sep, val = str(item).partition("=")
+        if sep and key.lstrip("+~") == "row":
+            value = val
+    return [r.strip() for r in value.split(",") if r.strip()]
 
 
 PROGRESS: dict[str, Any] = {"total": 0, "done": 0, "ran": 0, "start": 0.0, "id": None}
@@ -309,6 +320,14 @@ class SweepSummary(Callback):
             task = list(config.hydra.overrides.task)
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
+        unknown = [r for r in swept_rows(params, task) if r not in rows()]
+        if unknown:
+            print(
+                f"error: unknown row(s) {unknown}; choose from conf/method/*.yaml and "
+                f"conf/comparison/*.yaml: {', '.join(rows())}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         new_id = f"{os.getpid()}-{self.start}"
         PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start, id=new_id)
         # inherited by the worker processes of --jobs (started after this)

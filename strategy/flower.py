@@ -89,9 +89,33 @@ def call(inner: Strategy, hook: str, *args: Any) -> Any:
         ) from err
 
 
+def from_file(file: str) -> Any:
+    """The module of a strategy given by file path (`/path/my_strategy.py:Class`)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(file).expanduser()
+    if not path.is_file():
+        raise StrategyError(f"strategy.target: file {path} not found")
+    name = f"feddb_user_strategy_{abs(hash(str(path.resolve())))}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001 - the user's file
+            raise StrategyError(
+                f"strategy.target: {path} raised {type(err).__name__} on import: {err}"
+            ) from err
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 def load_class(target: str) -> type:
-    """`package.module:Class` (or `package.module.Class`) -> the class, checked to be a Flower
-    message-API Strategy with its two training hooks."""
+    """`package.module:Class` (or `package.module.Class`, or `/path/file.py:Class`) -> the class,
+    checked to be a Flower message-API Strategy with its two training hooks."""
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")
@@ -100,7 +124,8 @@ def load_class(target: str) -> type:
             f"strategy.target '{target}' is not an import path: write 'package.module:ClassName'"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = from_file(module_name) if module_name.endswith(".py") else None
+        module = module or importlib.import_module(module_name)
     except ImportError as err:
         raise StrategyError(
             f"strategy.target '{target}': cannot import module '{module_name}' "

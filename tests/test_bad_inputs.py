@@ -88,6 +88,32 @@ def run_with(tmp: Path, name: str, steps: int = 0) -> Path:
     return run
 
 
+def a_file(tmp: Path, name: str = "afile", text: str = "not a directory\n") -> Path:
+    (tmp / name).write_text(text)
+    return tmp / name
+
+
+def failing_strategy(tmp: Path) -> Path:
+    """A user's strategy whose constructor raises."""
+    (tmp / "my_strategy.py").write_text(
+        "from flwr.serverapp.strategy import FedAvg\n\n\n"
+        "class Fragile(FedAvg):\n"
+        "    def __init__(self, **kwargs):\n"
+        "        raise RuntimeError('no GPU budget configured')\n"
+    )
+    return tmp / "my_strategy.py"
+
+
+def runs_table(tmp: Path) -> Path:
+    """A valid runs.csv with one run (seed 0)."""
+    from feddb.reproduce import FIELDS
+
+    row = dict.fromkeys(FIELDS, "")
+    row.update(regime="cpu", row="fedavg", seed="0", final="90.00", run_config="{}")
+    lines = [",".join(FIELDS), ",".join(f'"{row[f]}"' for f in FIELDS)]
+    return a_file(tmp, "runs.csv", "\n".join(lines) + "\n")
+
+
 def plain_class(tmp: Path) -> Path:
     """A user's file whose class is not a method (no hooks)."""
     (tmp / "plain_method.py").write_text("class Plain:\n    pass\n")
@@ -239,6 +265,162 @@ CASES = [
         lambda t: f"resume='{run_with(t, 'other')}' seed=3",
         "seed",
     ),
+    (
+        "output",
+        "an output-dir that holds a finished run",
+        lambda t: f"output-dir='{run_with(t, 'finished')}'",
+        "holds a run",
+    ),
+    (
+        "output",
+        "an output-dir under a regular file",
+        lambda t: f"output-dir='{a_file(t)}/run'",
+        "afile is a file",
+    ),
+    ("output", "an output-dir that is a file", lambda t: f"output-dir='{a_file(t)}'", "afile"),
+    ("output", "an output-dir in /proc", "output-dir='/proc/feddb-run'", "/proc"),
+    (
+        "overrides",
+        "more clients to wait for than a round samples",
+        "overrides='fl.min_train_clients=50'",
+        "fl.min_train_clients",
+    ),
+    ("overrides", "DPL on labels-only training", "method='fedavg' dpl=true dma=true", "dpl"),
+    ("overrides", "device=cuda without a GPU", "overrides='device=cuda'", "device=cuda"),
+    ("overrides", "an unknown forward mode", "overrides='train.forward=sideways'", "train.forward"),
+    (
+        "overrides",
+        "a negative failed-round limit",
+        "overrides='fl.max_failed_rounds=-1'",
+        "fl.max_failed_rounds",
+    ),
+    ("overrides", "an evaluation batch of 0", "overrides='eval.batch_size=0'", "eval.batch_size"),
+    ("overrides", "a DMA cap below 1", "overrides='dma.cap=0.5'", "dma.cap"),
+    (
+        "overrides",
+        "a strategy whose constructor raises",
+        lambda t: f"strategy='custom' overrides='strategy.target={failing_strategy(t)}:Fragile'",
+        "Fragile.__init__",
+    ),
+    ("data files", "an npz dataset without a file", "dataset='npz'", "data-path"),
+    (
+        "data files",
+        "a directory for an npz file",
+        lambda t: f"dataset='npz' data-path='{t}'",
+        "is a directory",
+    ),
+    (
+        "data files",
+        "an .npz with empty arrays",
+        lambda t: (
+            f"dataset='npz' data-path='"
+            f"{digits(t, 'empty.npz', x_test=np.zeros((0, 28, 28), np.uint8), y_test=np.zeros(0, np.int64))}'"
+        ),
+        "empty.npz",
+    ),
+]
+
+# other commands' arguments, as `feddb <argv>` (the temporary directory in, argv out)
+ARGV_CASES = [
+    ("command line", "an unknown command", lambda t: ["bogus"], "unknown command"),
+    (
+        "command line",
+        "--run-config given twice (local)",
+        lambda t: ["local", "--run-config", "seed=1", "--run-config", "seed=2"],
+        "--run-config given 2 times",
+    ),
+    (
+        "command line",
+        "--run-config given twice (run)",
+        lambda t: ["run", "--run-config", "seed=1", "--run-config", "seed=2"],
+        "--run-config given 2 times",
+    ),
+    (
+        "command line",
+        "a GPU share without a GPU",
+        lambda t: ["run", "--gpus-per-client", "0.5"],
+        "--gpus-per-client",
+    ),
+    (
+        "command line",
+        "a GPU share that is no number",
+        lambda t: ["run", "--gpus-per-client", "half"],
+        "--gpus-per-client",
+    ),
+    (
+        "command line",
+        "no CPU for a client",
+        lambda t: ["run", "--cpus-per-client", "0"],
+        "--cpus-per-client",
+    ),
+    ("report", "a directory that is not there", lambda t: ["report", f"{t}/none"], "none"),
+    ("report", "a directory without runs", lambda t: ["report", str(t)], "no run directories"),
+    (
+        "report",
+        "--out an existing file",
+        lambda t: ["report", str(run_with(t, "r")), "--out", str(a_file(t, "report.md"))],
+        "report.md is a file",
+    ),
+    ("claims", "a root that is not there", lambda t: ["claims", f"{t}/none"], "none"),
+    ("claims", "a root without runs", lambda t: ["claims", str(t)], "no complete runs"),
+    (
+        "claims",
+        "--out an existing file",
+        lambda t: ["claims", str(t), "--out", str(a_file(t, "claims.md"))],
+        "claims.md is a file",
+    ),
+    ("reproduce", "a runs table that is not there", lambda t: ["reproduce", f"{t}/r.csv"], "r.csv"),
+    (
+        "reproduce",
+        "a CSV that is not a runs table",
+        lambda t: ["reproduce", str(a_file(t, "other.csv", "a,b\n1,2\n"))],
+        "not a runs table",
+    ),
+    (
+        "reproduce",
+        "a --select field that does not exist",
+        lambda t: ["reproduce", str(runs_table(t)), "--select", "colour=red"],
+        "colour",
+    ),
+    (
+        "reproduce",
+        "a --select no run matches",
+        lambda t: ["reproduce", str(runs_table(t)), "--select", "seed=7"],
+        "seed=7",
+    ),
+    ("sweep", "an unknown row", lambda t: ["sweep", "-m", "row=bogus", f"out={t}/s"], "bogus"),
+    ("sweep", "no jobs", lambda t: ["sweep", "--jobs", "0", "-m", "row=fedavg"], "--jobs"),
+    (
+        "ladder",
+        "an unknown rung",
+        lambda t: ["ladder", "--rungs", "tall", "--out", f"{t}/l"],
+        "tall",
+    ),
+    ("overhead", "too few rounds to measure", lambda t: ["overhead", "--rounds", "2"], "--rounds"),
+    (
+        "deployment",
+        "no SuperNode",
+        lambda t: ["deploy", "local", "--nodes", "0", "--workdir", f"{t}/w"],
+        "--nodes",
+    ),
+    (
+        "deployment",
+        "no key pair",
+        lambda t: ["deploy", "keys", "--out", f"{t}/k", "--count", "0"],
+        "--count",
+    ),
+    (
+        "deployment",
+        "certificates for no host",
+        lambda t: ["deploy", "certs", "--out", f"{t}/c", "--hosts", " , "],
+        "--hosts",
+    ),
+    (
+        "deployment",
+        "data files into a file",
+        lambda t: ["deploy", "export", "--out", str(a_file(t, "export"))],
+        "export is a file",
+    ),
 ]
 
 # `feddb deploy local`'s own options: (flags, run-config), answered before a process starts
@@ -283,6 +465,7 @@ def cases() -> list[tuple]:
     out = [(*c, "local") for c in CASES]
     out += [(*c, "run") for c in CASES if c[0] == "run-config"][:4]
     out += [(*c, "deploy local") for c in DEPLOY_CASES]
+    out += [(*c, "argv") for c in ARGV_CASES]
     return out
 
 
@@ -307,8 +490,25 @@ def answer(tmp: Path, item, command: str, capsys) -> tuple[int, str]:
         err = capsys.readouterr().err.strip()
         assert snapshot(tmp) == before, "the directory changed"
         return code, err
+    if command == "argv":
+        from feddb.cli import main as feddb_main
+
+        argv = item(tmp)
+        SHOWN[f"{' '.join(argv[:1])}"] = argv[0] + (f" {argv[1]}" if argv[0] == "deploy" else "")
+        before, saved = snapshot(tmp), list(os.sys.argv)
+        try:
+            code = feddb_main(argv)
+        except SystemExit as stop:  # Hydra's and argparse's way out
+            code = stop.code if isinstance(stop.code, int) else 1
+        finally:
+            os.sys.argv = saved
+        err = capsys.readouterr().err.strip().splitlines()
+        err = err[-1] if err else ""
+        assert snapshot(tmp) == before, "the directory changed"
+        return code, f"[{SHOWN[argv[0]]}] {err}"
     rc = item(tmp) if callable(item) else item
-    rc = f"{rc} output-dir='{tmp}/out'" if "resume" not in rc else rc
+    if "resume" not in rc and "output-dir" not in rc:
+        rc = f"{rc} output-dir='{tmp}/out'"
     before = snapshot(tmp)
     main = local_main if command == "local" else run_main
     code = main(["--run-config", rc])
@@ -319,6 +519,7 @@ def answer(tmp: Path, item, command: str, capsys) -> tuple[int, str]:
 
 
 RESULTS: dict[str, str] = {}
+SHOWN: dict[str, str] = {}  # the command of an argv case, for the table
 
 
 @pytest.mark.parametrize(
@@ -329,12 +530,13 @@ RESULTS: dict[str, str] = {}
 def test_a_bad_input_gets_one_line_and_exit_2_before_anything_starts(
     area, wrong, item, word, command, tmp_path, capsys
 ):
-    code, err = answer(tmp_path, item, command, capsys)
+    code, raw = answer(tmp_path, item, command, capsys)
+    err = raw.split("] ", 1)[1] if command == "argv" else raw
     assert code == 2, err
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert word in err, f"the message does not name {word!r}: {err}"
     assert "Traceback" not in err
-    RESULTS[f"{area}|{wrong}|{command}"] = err.replace(str(tmp_path), "<tmp>")
+    RESULTS[f"{area}|{wrong}|{command}"] = raw.replace(str(tmp_path), "<tmp>")
 
 
 def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, capsys):
@@ -345,8 +547,11 @@ def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, c
             tmp = tmp_path_factory.mktemp("case")
             code, err = answer(tmp, item, command, capsys)
             RESULTS[key] = err.replace(str(tmp), "<tmp>")
-        message = re.sub(r"\s+", " ", RESULTS[key]).replace("|", "\\|")
-        rows.append(f"| {area} | {wrong} | `feddb {command}` | 2 | {message} |")
+        message, shown = RESULTS[key], command
+        if command == "argv":  # "[command] error: ..."
+            shown, message = message[1:].split("] ", 1)
+        message = re.sub(r"\s+", " ", message).replace("|", "\\|")
+        rows.append(f"| {area} | {wrong} | `feddb {shown}` | 2 | {message} |")
     table = "\n".join(
         [
             f"{len(rows)} bad inputs, each answered with exit 2 before any process starts, the run "
@@ -365,7 +570,7 @@ def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, c
         DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
         current = table
     current = current.strip()
-    assert len(rows) >= 30
+    assert len(rows) >= 80
     assert current == table, (
         "docs/running.md's table is stale: FEDDB_WRITE_DOCS=1 pytest " + __file__
     )
