@@ -424,7 +424,7 @@ ARGV_CASES = [
 ]
 
 # `feddb deploy local`'s own options: (flags, run-config), answered before a process starts
-TWO_NODES = "overrides='fl.num_clients=2'"
+TWO_NODES = "overrides='fl.num_clients=2 fl.fraction_train=1.0'"
 DEPLOY_CASES = [
     (
         "deployment",

@@ -113,6 +113,7 @@ def test_wrn28_2_on_cifar10_files(tmp_path):
             "experiment=paper/cifar10_iid",
             f"dataset.path={tmp_path}",
             "fl.num_clients=2",
+            "fl.min_train_clients=1",
             "dataset.num_labeled=20",
             "train.local_epochs=1",
             "train.tau=0.1",
