@@ -23,6 +23,10 @@ COMMANDS = {
         "where a round's time goes with a null trainer, and Flower's floor",
     ),
     "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
+    "threads": (
+        "feddb.threadbench",
+        "seconds per round by CPU threads, idle and beside a busy core",
+    ),
     "throughput": ("feddb.throughput", "a sweep's rounds per second with N runs side by side"),
     "floor": ("feddb.floor", "a sweep's FLOPs, counted, and the fastest fp32 could run them here"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),

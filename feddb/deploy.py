@@ -284,6 +284,9 @@ class LocalDeployment:
                 "--auth-supernode-private-key",
                 str(key),
             ]
+        if "OMP_NUM_THREADS" not in os.environ:  # the nodes share this machine: each its share
+            cores = len(os.sched_getaffinity(0))  # of the cores (fssl.runtime.cpu_threads)
+            env_extra = {"OMP_NUM_THREADS": str(max(1, cores // num)), **(env_extra or {})}
         return self._start(f"supernode_{pid}", cmd, env_extra)
 
     def submit(self, run_config: dict) -> int:

@@ -118,3 +118,32 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
                 if (f, m) in by and (f, base) in by:
                     out.append(f"| {f} | {m} − {base} | {difference(by[(f, m)], by[(f, base)])} |")
     return out + [""]
+
+
+LR_PREFIX = "lr"  # regime directories of lr selections (`feddb sweep ... lr=a,b,c out=.../lr_x`)
+
+
+def lr_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
+    """An lr selection's table: per setting and row, the final validation accuracy of each lr
+    (mean over the seeds run, seed 0 in the study) and the lr chosen, the highest."""
+    by: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        row = r["dir"].parent.name.partition("@lr")[0]
+        val = r["rounds"][-1].get("val_accuracy")
+        if val is not None:
+            by[(r["setting"], row)][float(r["cfg"]["train"]["lr"])].append(100 * val)
+    lrs = sorted({lr for cells in by.values() for lr in cells})
+    out = [
+        f"## The lr chosen on the validation split ({regime})",
+        "",
+        "Final validation accuracy, %, by lr; the chosen lr is the highest (ties: the smaller lr).",
+        "",
+        "| setting | row | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen |",
+        "|---" * (len(lrs) + 3) + "|",
+    ]
+    for (sett, row), cells in sorted(by.items()):
+        means = {lr: float(np.mean(v)) for lr, v in cells.items()}
+        best = max(sorted(means), key=lambda lr: means[lr])
+        shown = [f"{means[lr]:.2f}" if lr in means else "–" for lr in lrs]
+        out.append(f"| {sett} | {row} | " + " | ".join(shown) + f" | {best:g} |")
+    return [*out, ""]

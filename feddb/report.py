@@ -90,10 +90,22 @@ def variant(cfg: dict[str, Any]) -> str:
     return name
 
 
+def class_display(m: dict[str, Any]) -> str:
+    """A method's class's display name (a method given by path has no YAML), or its name where
+    the class no longer loads (its file moved)."""
+    from fssl.config import ConfigError
+    from fssl.methods import method_class
+
+    try:
+        return str(method_class(m["trainer"]).display)
+    except (ConfigError, KeyError):
+        return str(m["name"])
+
+
 def local_variant(cfg: dict[str, Any]) -> str:
     """The row name without the server strategy: the clients' method and switches."""
     m = cfg["method"]
-    name = m.get("display") or NAMES.get(m["name"], m["name"])
+    name = m.get("display") or NAMES.get(m["name"]) or class_display(m)
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
     if dpl != bool(m["dpl"]):
         name += "-FedDPL" if dpl and m["name"] != "feddb" else (" w/o DPL" if not dpl else "")
@@ -229,10 +241,46 @@ def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
                     "collapsed": summary["collapsed"],
                     "max_top_class_share": summary["max_top_class_share_late"],
                     "pl_accuracy": float(np.mean(pooled)) if pooled else None,
+                    "method_metrics": method_metrics(rounds),
                     "complete": rounds[-1]["round"] >= cfg["num_rounds"],
                 }
             )
     return runs
+
+
+def method_metrics(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """A method's own figures (LocalTrainer.client_metrics) in the last round that trained
+    clients: each one's mean over those clients."""
+    last = next((r for r in reversed(rounds) if r.get("clients")), None)
+    values: dict[str, list[float]] = defaultdict(list)
+    for client in (last or {}).get("clients", []):
+        for name, value in (client.get("method") or {}).items():
+            if value is not None:
+                values[name].append(float(value))
+    return {name: float(np.mean(v)) for name, v in sorted(values.items())}
+
+
+def method_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The methods' own figures, per setting and method: mean over seeds of each run's last
+    round (mean over its clients)."""
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        for name, value in r.get("method_metrics", {}).items():
+            cells[(r["setting"], r["variant"])][name].append(value)
+    if not cells:
+        return []
+    out = [
+        "### The methods' own figures (last round: mean over its clients; mean over seeds)",
+        "",
+        "| setting | method | figure | value | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for (sett, var), figures in sorted(
+        cells.items(), key=lambda kv: (kv[0][0], variant_rank(kv[0][1]))
+    ):
+        for name, values in figures.items():
+            out.append(f"| {sett} | {var} | {name} | {np.mean(values):.4g} | {len(values)} |")
+    return [*out, ""]
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -464,6 +512,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
                 *paired_table(pl_pairs, "the interval is"),
             ]
         out.append("")
+    out += method_section(runs)
     out += strategy_section(runs)
     abl = ablation(runs)
     if abl:

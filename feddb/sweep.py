@@ -28,6 +28,7 @@ under MPS (`feddb throughput` measures it; docs/speed.md has the figures):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -60,11 +61,31 @@ def rows() -> dict[str, str]:
     return out
 
 
+def is_method_path(row: str) -> bool:
+    """A row that is a user's method by path (`/abs/file.py:Class`, `pkg.module:Class`)."""
+    return ":" in row
+
+
+def row_config(row: str) -> str | None:
+    """A row's run-config: a named row's, or a method by path's; None for an unknown row."""
+    return f"method='{row}'" if is_method_path(row) else rows().get(row)
+
+
+def row_dir(row: str) -> str:
+    """A row's directory name: its own, or for a method by path its class name and a short hash
+    of the path (two files may hold classes of one name)."""
+    if not is_method_path(row):
+        return row
+    digest = hashlib.sha1(row.encode()).hexdigest()[:6]
+    return f"{row.rpartition(':')[2]}-{digest}"
+
+
 def run_dir_of(cfg: Any) -> Path:
+    lr = cfg.get("lr")
     return (
         Path(str(cfg.out)).resolve()
         / f"{cfg.dataset}_{cfg.partition}"
-        / str(cfg.row)
+        / (row_dir(str(cfg.row)) + ("" if lr is None else f"@lr{lr}"))
         / f"s{cfg.seed}"
     )
 
@@ -100,6 +121,17 @@ def join_overrides(row: str, extra: str) -> tuple[str, str]:
     return format_run_config(theirs), format_run_config(ours)
 
 
+def with_lr(extra: str, lr: Any) -> str:
+    """The sweep's run-config with `train.lr=<lr>` last among its overrides (it wins)."""
+    if lr is None:
+        return extra
+    part = f"overrides='train.lr={lr}'"
+    if not extra.strip():
+        return part
+    first, second = join_overrides(extra, part)
+    return f"{first} {second}".strip()
+
+
 def resumable(run_dir: Path) -> bool:
     """Whether an interrupted run can go on from its checkpoint as if never stopped. Clients that
     keep their optimiser state (train.optimizer_state=client, the authors' regime) keep it on the
@@ -126,7 +158,6 @@ def set_aside(run_dir: Path, suffix: str) -> Path:
 
 def run_one(cfg: Any) -> dict[str, Any]:
     """Run (or skip, or resume) one combination; returns its status record."""
-    known = rows()
     run_dir = run_dir_of(cfg)
     record = {
         "row": str(cfg.row),
@@ -136,11 +167,12 @@ def run_one(cfg: Any) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "time": time.time(),
     }
-    if cfg.row not in known:
+    config = row_config(str(cfg.row))
+    if config is None:
         return {
             **record,
             "status": "failed",
-            "reason": f"unknown row '{cfg.row}'; choose from {', '.join(known)}",
+            "reason": f"unknown row '{cfg.row}'; choose from {', '.join(rows())}",
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
@@ -157,7 +189,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
     if interrupted:
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
-        row, extra = join_overrides(known[cfg.row], str(cfg.run_config))
+        row, extra = join_overrides(config, with_lr(str(cfg.run_config), cfg.get("lr")))
         run_config = (
             f"{row} dataset='{cfg.dataset}' partition='{cfg.partition}' "
             f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' {extra}"
@@ -230,6 +262,26 @@ def split_jobs(argv: list[str]) -> tuple[int, list[str]]:
         print(f"error: --jobs takes a number >= 1 or auto, not '{jobs}'", file=sys.stderr)
         raise SystemExit(2)
     return int(jobs), rest
+
+
+def row_problem(names: list[str]) -> str | None:
+    """Why the rows cannot be swept (an unknown name, a method by path that does not load), or
+    None."""
+    from fssl.config import ConfigError
+    from fssl.methods import method_class
+
+    unknown = [r for r in names if not is_method_path(r) and r not in rows()]
+    if unknown:
+        return (
+            f"unknown row(s) {unknown}; choose from conf/method/*.yaml and "
+            f"conf/comparison/*.yaml, or give a method by path: {', '.join(rows())}"
+        )
+    for r in filter(is_method_path, names):
+        try:
+            method_class(r)
+        except ConfigError as err:
+            return f"row '{r}': {err}"
+    return None
 
 
 def swept_rows(params: dict[str, str], task: list[str]) -> list[str]:
@@ -320,13 +372,9 @@ class SweepSummary(Callback):
             task = list(config.hydra.overrides.task)
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
-        unknown = [r for r in swept_rows(params, task) if r not in rows()]
-        if unknown:
-            print(
-                f"error: unknown row(s) {unknown}; choose from conf/method/*.yaml and "
-                f"conf/comparison/*.yaml: {', '.join(rows())}",
-                file=sys.stderr,
-            )
+        problem = row_problem(swept_rows(params, task))
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
         new_id = f"{os.getpid()}-{self.start}"
         PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start, id=new_id)

@@ -141,6 +141,9 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
                     f"override {item!r} adds `{name[2:]}`, a key the configuration does not "
                     "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md"
                 ) from None
+    from .methods import fill_defaults
+
+    fill_defaults(data["method"])
     validate(data)
     return data
 
@@ -222,12 +225,18 @@ PREFIXES = tuple(e for e in EXTENSIBLE if e.endswith("."))
 
 
 def _check_group_choices(overrides: list[str]) -> None:
+    # a method given by path has no YAML listing its keys: `+method.<key>` sets one of them
+    by_path = any(o.startswith("method.trainer=") and ":" in o for o in overrides)
     for item in overrides:
         key, sep, value = item.partition("=")
         if key.lstrip("+~") in REMOVED:
             raise ConfigError(f"{key.lstrip('+~')} is gone: {REMOVED[key.lstrip('+~')]}")
         name = key.lstrip("+")
-        extensible = name == "partition.partitioner" or name.startswith(PREFIXES)
+        extensible = (
+            name == "partition.partitioner"
+            or name.startswith(PREFIXES)
+            or (by_path and name.startswith("method."))
+        )
         if key.startswith("+") and not key.startswith("++") and not extensible:
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
@@ -720,6 +729,21 @@ def apply_defence_scope(cfg: dict[str, Any], untrusted_nodes: bool) -> list[str]
             parent[key] = None
             off.append(path)
     return off
+
+
+def warmup_note(cfg: dict[str, Any]) -> str | None:
+    """What to say before a run of a semi-supervised method whose rounds all fall inside the
+    labels-only warm-up (it would train on labels alone), or None."""
+    from .methods import method_class
+
+    rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
+    if warmup < rounds or not method_class(cfg["method"]["trainer"]).uses_unlabeled:
+        return None
+    return (
+        f"all {rounds} rounds fall inside the labels-only warm-up (train.warmup_rounds="
+        f"{warmup}): {cfg['method']['name']} trains on the labels alone in this run; give more "
+        f"rounds than {warmup}, or set train.warmup_rounds"
+    )
 
 
 def clients_per_round(cfg: dict[str, Any], fraction: float | None = None) -> int:

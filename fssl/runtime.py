@@ -20,6 +20,31 @@ from .train import ClientData, client_data, to_nchw
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
+def cpu_threads(alone: bool = False) -> int:
+    """CPU threads of a process that trains or evaluates on the CPU (the project's rule):
+    OMP_NUM_THREADS where the user or the launcher set it (Ray sets it to the cores it reserved
+    for a simulated client, `feddb sweep --jobs N` to cores / N, `feddb deploy local` to cores /
+    nodes); else every core for a process that has the machine to itself (`alone`: a deployed
+    SuperNode's worker), and one thread otherwise. On 2 cores one thread cost a lone run 15 %
+    and saved it 6-13x when another process took a core (docs/speed.md, `feddb threads`):
+    parallel work comes from processes, each on its share of the cores."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return len(os.sched_getaffinity(0)) if alone else 1
+
+
+def size_threads(device: torch.device, alone: bool = False) -> int | None:
+    """Set this process's torch threads by `cpu_threads` when it computes on the CPU; the
+    count, or None on an accelerator (its CPU threads only feed it)."""
+    if device.type != "cpu":
+        return None
+    n = cpu_threads(alone)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
     """Let glibc's malloc keep freed blocks for reuse instead of handing them back to the kernel.
     By default a tensor of a few MB (one batch's activations) is an mmap of its own, so every

@@ -84,6 +84,9 @@ class LocalTrainer:
 
     uses_unlabeled = False
     display = "labels only"  # how reports name it (a method's YAML `display` wins)
+    # `method.*` values of a method given by path, which has no YAML (a built-in's YAML holds
+    # them): e.g. {"pseudo_labels": "online", "ema": 0.97}; a user's `+method.<key>=` wins
+    defaults: dict[str, Any] = {}
     server: type[MethodServer] = MethodServer  # the method's server side: plain averaging
     proximal_mu = 0.0  # FedProx's mu for the round (fit's `proximal_mu`)
 
@@ -152,18 +155,25 @@ class LocalTrainer:
     def label_stats(
         self, labels: torch.Tensor, mask: torch.Tensor, data: ClientData
     ) -> dict[str, float]:
-        """Ratio of confident pseudo-labels and their accuracy against the hidden true labels."""
-        n_conf = int(mask.sum())
+        """The pseudo-labels' share of the loss and their accuracy against the hidden true labels,
+        for a mask or per-image weights alike: the ratio is the mean weight (with a mask, the
+        share of confident images), the accuracy weighted by it, the count and the histogram
+        those of the images with a weight above 0."""
+        weights = mask.float()
+        used = weights > 0
+        n_used = int(used.sum())
         out = {
-            "pseudo_label_ratio": n_conf / max(len(mask), 1),
-            "pseudo_label_count": n_conf,
-            "pseudo_label_histogram":  # classes of the confident pseudo-labels
-            torch.bincount(labels[mask], minlength=self.num_classes).tolist(),
+            "pseudo_label_ratio": float(weights.sum()) / max(len(mask), 1),
+            "pseudo_label_count": n_used,
+            "pseudo_label_histogram":  # classes of the pseudo-labels that weigh in the loss
+            torch.bincount(labels[used], minlength=self.num_classes).tolist(),
         }
         if bool((data.y_u >= 0).all()):  # hidden labels known (simulation, exported files)
-            correct = labels == data.y_u
-            out["pseudo_label_accuracy"] = float(correct[mask].float().mean()) if n_conf else 0.0
-            out["pseudo_label_accuracy_all"] = float(correct.float().mean()) if len(mask) else 0.0
+            correct = (labels == data.y_u).float()
+            out["pseudo_label_accuracy"] = (
+                float((correct * weights).sum() / weights.sum()) if n_used else 0.0
+            )
+            out["pseudo_label_accuracy_all"] = float(correct.mean()) if len(mask) else 0.0
         return out
 
     def debias_prior(self, prior: torch.Tensor) -> torch.Tensor | None:
@@ -191,7 +201,8 @@ class LocalTrainer:
         raw = probs
         if debias_by is not None:
             probs = debias(probs, debias_by, self.cfg["app_u"]["eps"])
-        return self.select(probs, idx, learn, raw)
+        labels, mask = self.select(probs, idx, learn, raw)
+        return labels, checked_weights(mask, type(self).__name__)
 
     def select(
         self,
@@ -200,9 +211,13 @@ class LocalTrainer:
         learn: bool,
         raw: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pseudo-labelling rule (a hook): labels and mask from `probs` (DPL-debiased when
-        DPL is on; `raw`: the model's own probabilities, which a method's estimates of the model
-        track; None: `probs` are raw). Here argmax labels, kept where max p >= tau."""
+        """The pseudo-labelling rule (a hook): from `probs` (N x K, DPL-debiased when DPL is on;
+        `raw`: the model's own probabilities, which a method's estimates of the model track;
+        None: `probs` are raw) of the unlabeled images `idx` (None: all of them), the hard labels
+        (N, long) and either a mask (N, bool: which labels train) or per-image weights (N,
+        float in [0, 1]: how much each label's loss counts, SoftMatch's). `learn`: these labels
+        train the model, so the method may update what it tracks. Here argmax labels, kept where
+        max p >= tau."""
         return pseudo_label(probs, self.tr["tau"])
 
     def labels_only(self, data: ClientData) -> bool:
@@ -238,6 +253,12 @@ class LocalTrainer:
         if self.tr["optimizer_state"] != "client":
             return {}
         return {"optimizer": self.momentum_out}
+
+    def client_metrics(self) -> dict[str, float]:
+        """The method's own figures of this client's round (a hook): up to 16 names (letters,
+        digits, `_`, `.`, `-`) to numbers, kept per client in metrics.jsonl (`method`) and
+        averaged in `feddb report`'s tables. None here."""
+        return {}
 
     def unlabeled_count(self, data: ClientData) -> int:
         """Size of the unlabeled pool a mini-batch epoch iterates over."""
@@ -346,6 +367,9 @@ class LocalTrainer:
                 "train_seconds": time.perf_counter() - t0,
             }
         )
+        own = self.client_metrics()
+        if own:
+            metrics["method"] = {str(k): float(v) for k, v in own.items()}
         return metrics
 
     def epoch(self, model: nn.Module, data: ClientData, opt: SGD, prior: torch.Tensor):
@@ -432,6 +456,21 @@ class LocalTrainer:
         views they hold (e.g. weak and strong): `train.forward=separate` passes each on its own;
         the loss function gets their logits concatenated in order either way."""
         return None, 0, None
+
+
+def checked_weights(mask: torch.Tensor, method: str) -> torch.Tensor:
+    """A `select` hook's mask as it is, or its per-image weights once checked to lie in [0, 1]
+    (a float mask that is not is the method's error, named)."""
+    if mask.dtype == torch.bool:
+        return mask
+    if not torch.is_floating_point(mask):
+        raise TypeError(
+            f"{method}.select returned a {mask.dtype} mask: return a bool mask or float weights "
+            "in [0, 1]"
+        )
+    if not bool(((mask >= 0) & (mask <= 1)).all()):
+        raise ValueError(f"{method}.select returned weights outside [0, 1] (or NaN)")
+    return mask
 
 
 def as_parts(extra: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

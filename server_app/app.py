@@ -19,12 +19,12 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fssl import checkpoint
-from fssl.config import DEFENCES, apply_defence_scope
+from fssl.config import DEFENCES, apply_defence_scope, warmup_note
 from fssl.methods import make_model
 from fssl.partition import partition_label, save_partition, scenario_of
 from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
-from fssl.runtime import data_meta, dataset_for, keep_freed_memory, partition_for
+from fssl.runtime import cpu_threads, data_meta, dataset_for, keep_freed_memory, partition_for
 from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
@@ -274,12 +274,15 @@ class RejoinedNodes:
 
 
 def server_threads(setting: Any, grid: Grid, device: torch.device) -> int | None:
-    """The ServerApp's CPU threads (`eval.threads`); None: leave torch's default. In Flower's
-    simulation (its in-memory grid) the clients occupy the cores while the server evaluates the
-    previous round: measured on 2 cores, one thread made the whole round 23 % faster."""
+    """The ServerApp's CPU threads (`eval.threads`); None: leave torch's default. `auto`: the
+    project's rule (fssl.runtime.cpu_threads); a deployed ServerApp has its machine to itself,
+    and in a simulation the clients occupy the cores while the server evaluates the previous
+    round (measured on 2 cores, one server thread made the whole round 23 % faster)."""
     if setting != "auto":
         return int(setting)
-    return 1 if device.type == "cpu" and in_memory(grid) else None
+    if device.type != "cpu":
+        return None
+    return cpu_threads(alone=not simulated(grid))
 
 
 def in_memory(grid: Grid) -> bool:
@@ -335,6 +338,9 @@ def main(grid: Grid, context: Context) -> None:
         flush=True,
     )
 
+    note = warmup_note(cfg)
+    if note:
+        print(f"[feddb] warning: {note}", flush=True)
     device = resolve_device(cfg["device"])
     threads = server_threads(cfg["eval"].get("threads", "auto"), grid, device)
     if threads is not None:

@@ -78,9 +78,18 @@ def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 # -- client side ---------------------------------------------------------------------------------
+# A method's own per-client figures (LocalTrainer.client_metrics) travel as `method:<name>`.
+METHOD_METRIC = "method:"
+METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_METHOD_METRICS = 16
+
+
 def train_reply(instruction: Message, arrays: ArrayRecord, metrics: dict[str, Any]) -> Message:
     """The reply to a train instruction: the trained state and the metrics (with Flower's
-    `num-examples`, which its own strategies weigh by)."""
+    `num-examples`, which its own strategies weigh by); the method's own figures (`method`,
+    name -> number) as `method:<name>`."""
+    for name, value in (metrics.pop("method", None) or {}).items():
+        metrics[f"{METHOD_METRIC}{name}"] = float(value)
     metrics["num-examples"] = metrics["num_labeled"] + metrics["num_unlabeled"]
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)})
     return Message(content=content, reply_to=instruction)
@@ -152,6 +161,12 @@ def parse_train_reply(
         if key.endswith(STAT_SUFFIXES[1]) and (got < 0).any():
             raise ReplyError(f"array '{key}' has negative variances")
     metrics = dict(content.metric_records["metrics"])
+    own = [k for k in metrics if k.startswith(METHOD_METRIC)]
+    if len(own) > MAX_METHOD_METRICS:
+        raise ReplyError(f"{len(own)} method metrics, more than {MAX_METHOD_METRICS}")
+    bad = [k for k in own if not METHOD_NAME.fullmatch(k[len(METHOD_METRIC) :])]
+    if bad:
+        raise ReplyError(f"method metric names {bad[:3]} are not identifiers")
     for key in REQUIRED_COUNTS:
         if not isinstance(metrics.get(key), int) or metrics[key] < 0:
             raise ReplyError(f"metric '{key}' missing or not a non-negative integer")
@@ -204,4 +219,10 @@ def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
         # a deployed node's message process: its start and imports, the relay to its worker
         "process_seconds": _num(metrics, "process_seconds"),
         "relay_seconds": _num(metrics, "relay_seconds"),
+        # the method's own figures (LocalTrainer.client_metrics); a non-finite value as null
+        "method": {
+            k[len(METHOD_METRIC) :]: _num(metrics, k)
+            for k in sorted(metrics)
+            if k.startswith(METHOD_METRIC)
+        },
     }

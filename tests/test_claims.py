@@ -560,3 +560,39 @@ def test_the_cause_study_tables_each_factor_against_the_exact_point(tmp_path):
     assert "Provenance: 16 complete runs" in section
     lines = list(csv.DictReader((out / "runs.csv").open()))
     assert sum(r["regime"] == "cause" for r in lines) == 16
+
+
+def test_an_lr_selection_is_tabled_with_the_lr_chosen_on_validation(tmp_path):
+    for lr, acc in ((0.01, 0.80), (0.03, 0.86), (0.1, 0.84)):
+        fake_run(
+            tmp_path,
+            f"fixmatch@lr{lr}",
+            0,
+            acc,
+            0.5,
+            0.14,
+            regime="lr_test",
+            extra=[f"train.lr={lr}"],
+        )
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    assert "## The lr chosen on the validation split (lr_test)" in md
+    assert "| δ=0.1 | fixmatch | 80.00 | 86.00 | 84.00 | 0.03 |" in md
+
+
+def test_a_sweep_sets_the_lr_last_and_keeps_its_runs_apart():
+    from omegaconf import OmegaConf
+
+    from feddb.sweep import run_dir_of, with_lr
+
+    assert with_lr("", 0.1) == "overrides='train.lr=0.1'"
+    assert with_lr("num-server-rounds=2", 0.1) == "num-server-rounds=2 overrides='train.lr=0.1'"
+    merged = with_lr("seed=1 overrides='train.tau=0.5'", 0.1)
+    assert "train.tau=0.5 train.lr=0.1" in merged and "seed=1" in merged
+    cfg = OmegaConf.create(
+        {"out": "/tmp/x", "dataset": "mnist10k", "partition": "dir0.1", "row": "feddb", "seed": 0}
+    )
+    assert run_dir_of(cfg).parent.name == "feddb"
+    cfg.lr = 0.03
+    assert run_dir_of(cfg).parent.name == "feddb@lr0.03"

@@ -99,8 +99,9 @@ def test_evaluate_and_query():
 
 
 def test_bad_partition_id_is_refused():
-    with pytest.raises(ValueError, match="partition-id 9 is outside 0..3"):
-        _run(compose(TINY), pid=9)
+    _, reply = _run(compose(TINY), pid=9)  # an error reply, with the traceback
+    assert reply.has_error() and "ValueError: partition-id 9 is outside 0..3" in reply.error.reason
+    assert "Traceback (most recent call last)" in reply.error.reason
 
 
 def test_wrn28_2_on_cifar10_files(tmp_path):
@@ -150,8 +151,10 @@ def test_deployed_client_reads_only_its_own_file_and_trains_identically(tmp_path
         np.savez(tmp_path / "nolabels.npz", **{k: z[k] for k in z.files if k != "y_unlabeled"})
     _, nolab = _run(cfg, pid=1, node_config={"data-path": str(tmp_path / "nolabels.npz")})
     assert "pseudo_label_accuracy" not in nolab.content["metrics"]
-    with pytest.raises(DataError, match="client data file not found"):
-        _run(cfg, pid=0, node_config={"data-path": str(tmp_path / "missing.npz")})
+    _, missing = _run(cfg, pid=0, node_config={"data-path": str(tmp_path / "missing.npz")})
+    assert missing.has_error() and f"{DataError.__name__}: client data file not found" in (
+        missing.error.reason
+    )
 
 
 def test_optimizer_state_client_keeps_momentum_in_context_state():

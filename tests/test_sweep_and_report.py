@@ -95,11 +95,10 @@ def test_a_sweep_counts_its_own_runs_not_those_of_a_sweep_beside_it(tmp_path):
     assert "2/2" in res.stdout and "3/2" not in res.stdout and "FAILED" not in res.stdout
 
 
-def test_sweep_rejects_an_unknown_row(tmp_path):
-    res = sweep(tmp_path, "row=fedbogus")
-    assert (
-        res.returncode == 1 and "unknown row 'fedbogus'; choose from debiaspl, fedavg" in res.stdout
-    )
+def test_sweep_rejects_an_unknown_row_before_any_run(tmp_path):
+    res = sweep(tmp_path, "row=fedavg,fedbogus")
+    assert res.returncode == 2 and "unknown row(s) ['fedbogus']" in res.stderr
+    assert "debiaspl, fedavg" in res.stderr and not list(tmp_path.rglob("s0"))
 
 
 def test_sweep_presets_compose():
@@ -371,8 +370,9 @@ def test_sweep_jobs_run_side_by_side_each_with_its_share_of_the_threads(tmp_path
         ["run_config=a='1' b=2", "run_config='x=1'", 'launcher_args=--y "z"', "seed=0,1"]
     ) == ["run_config=\"a='1' b=2\"", "run_config='x=1'", 'launcher_args="--y \\"z\\""', "seed=0,1"]
     assert sweep_module.split_jobs(["--jobs", "auto"])[0] == sweep_module.auto_jobs() >= 1
-    with pytest.raises(SystemExit, match="--jobs takes a number >= 1 or auto, not '0'"):
+    with pytest.raises(SystemExit) as stop:  # one line on stderr, exit 2
         sweep_module.split_jobs(["--jobs", "0"])
+    assert stop.value.code == 2
 
 
 def test_sweep_mps_without_the_driver_says_what_is_missing(monkeypatch):

@@ -1,6 +1,8 @@
-"""A user's method by path: loaded by file or module, checked before anything runs, trained by the
-project's clients in the in-process engine and through a real `flwr run` started from a directory
-outside the project (the worked example in docs/examples/)."""
+"""A user's method by path (the worked example in docs/examples/, a soft-weighting method): loaded by
+file or module with its class's defaults and no YAML, checked before anything runs, trained by the
+project's clients in the in-process engine, through a real `flwr run` started from a directory
+outside the project, and through a sweep beside FixMatch and its report; its own per-client figure
+reaches metrics.jsonl and the report."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from fssl.runtime import client_data_for, data_meta, dataset_for
 from server_app.config import compose
 
 PROJECT = Path(__file__).resolve().parents[1]
-EXAMPLE = PROJECT / "docs" / "examples" / "smoothed_fixmatch.py"
-SPEC = f"{EXAMPLE}:SmoothedFixMatch"
+EXAMPLE = PROJECT / "docs" / "examples" / "confidence_weighted.py"
+SPEC = f"{EXAMPLE}:ConfidenceWeighted"
 
 
 def user_cfg(*extra: str) -> dict:
@@ -33,22 +35,23 @@ def user_cfg(*extra: str) -> dict:
     return cfg
 
 
-def test_a_user_method_loads_by_file_and_by_module_and_is_named_after_its_class(monkeypatch):
+def test_a_user_method_loads_by_file_and_by_module_with_its_class_defaults(monkeypatch):
     by_file = method_class(SPEC)
-    assert issubclass(by_file, FixMatch) and by_file.display == "FixMatch (label smoothing)"
+    assert issubclass(by_file, FixMatch) and by_file.display == "FixMatch (confidence-weighted)"
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
-    by_module = method_class("smoothed_fixmatch:SmoothedFixMatch")
-    assert by_module.__name__ == "SmoothedFixMatch"
+    by_module = method_class("confidence_weighted:ConfidenceWeighted")
+    assert by_module.__name__ == "ConfidenceWeighted"
     cfg = user_cfg()
-    assert cfg["method"]["name"] == "SmoothedFixMatch" and cfg["method"]["trainer"] == SPEC
+    assert cfg["method"]["name"] == "ConfidenceWeighted" and cfg["method"]["trainer"] == SPEC
     assert cfg["train"]["lr"] == compose(TINY + ["method=fixmatch"])["train"]["lr"]  # its family's
+    # no YAML: its class's defaults, and the user's value where given
+    assert cfg["method"]["pseudo_labels"] == "online" and cfg["method"]["power"] == 2.0
+    assert user_cfg("+method.power=3")["method"]["power"] == 3
 
 
-def test_its_own_parameters_are_checked_and_its_hook_changes_training():
-    with pytest.raises(ConfigError, match=r"`method.params.smoothing`: 2"):
-        compose(
-            run_config_to_overrides({"method": SPEC, "overrides": "+method.params.smoothing=2"})
-        )
+def test_its_own_parameters_are_checked_and_its_weights_change_training():
+    with pytest.raises(ConfigError, match=r"`method.power`: -1"):
+        compose(run_config_to_overrides({"method": SPEC, "overrides": "+method.power=-1"}))
 
     def fit(cfg):
         from fssl.methods import make_model, make_trainer
@@ -60,36 +63,33 @@ def test_its_own_parameters_are_checked_and_its_hook_changes_training():
         )
         return t.fit(model, client_data_for(cfg, 1, torch.device("cpu")), 0.1, seed=7)
 
-    plain = compose(TINY + ["method=fixmatch", "train.tau=0.1"])
+    weighted = fit(user_cfg("train.tau=0.95", "train.warmup_rounds=0"))
+    assert 0 < weighted["method"]["mean_weight"] < 1  # its own figure of the round
+    assert weighted["pseudo_label_count"] > 0 and 0 < weighted["pseudo_label_ratio"] < 1
+    plain = compose(TINY + ["method=fixmatch", "train.tau=0.95", "method.pseudo_labels=online"])
     plain["data_meta"] = data_meta(dataset_for(plain))
-    smoothed = fit(user_cfg("+method.params.smoothing=0.5", "train.tau=0.1"))  # all confident
-    base = fit(plain)
-    assert smoothed["pseudo_label_count"] == base["pseudo_label_count"] > 0  # same labels
-    assert smoothed["loss_unsup"] > base["loss_unsup"]  # the smoothed loss on the same labels
+    assert fit(plain)["loss_unsup"] != weighted["loss_unsup"]
 
 
-def test_a_user_method_runs_in_the_in_process_engine(tmp_path, monkeypatch):
+def test_a_user_method_runs_in_the_in_process_engine_with_dpl_and_dma(tmp_path, monkeypatch):
     from feddb.inprocess import main as local_main
 
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     out = tmp_path / "run"
     rc = (
-        "method='smoothed_fixmatch:SmoothedFixMatch' dpl=true dma=true num-server-rounds=2 "
+        "method='confidence_weighted:ConfidenceWeighted' dpl=true dma=true num-server-rounds=2 "
         f"output-dir='{out}' overrides='{' '.join(TINY)} train.warmup_rounds=1'"
     )
     assert local_main(["--run-config", rc]) == 0
     rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and rounds[1]["dma"]  # DMA composes with it
+    assert rounds[0]["clients"][0]["method"] == {}  # the warm-up round makes no labels
+    assert all(0 < c["method"]["mean_weight"] < 1 for c in rounds[1]["clients"])
 
 
-@pytest.mark.slow
-def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path):
+def user_env(tmp_path: Path) -> dict[str, str]:
     from feddb.resources import free_port
 
-    mine = tmp_path / "my_project"  # the user's own directory, not the project's
-    mine.mkdir()
-    shutil.copy(EXAMPLE, mine / "my_method.py")
-    out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
     env.update(
         FLWR_HOME=str(tmp_path / "home"),
@@ -98,16 +98,32 @@ def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
     )
+    return env
+
+
+def outside(tmp_path: Path) -> Path:
+    """The example copied into the user's own directory, not the project's."""
+    mine = tmp_path / "my_project"
+    mine.mkdir()
+    shutil.copy(EXAMPLE, mine / "my_method.py")
+    return mine / "my_method.py"
+
+
+@pytest.mark.slow
+def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path):
+    method = outside(tmp_path)
+    out = tmp_path / "run"
+    env = user_env(tmp_path)
     rc = (
-        f"method='{mine / 'my_method.py'}:SmoothedFixMatch' num-server-rounds=1 "
-        f"output-dir='{out}' overrides='fl.num_clients=2 fl.fraction_train=1.0 train.tau=0.1 "
-        "dataset.num_labeled=200 train.warmup_rounds=0 +method.params.smoothing=0.2'"
+        f"method='{method}:ConfidenceWeighted' num-server-rounds=1 "
+        f"output-dir='{out}' overrides='fl.num_clients=2 fl.fraction_train=1.0 "
+        "dataset.num_labeled=200 train.warmup_rounds=0 +method.power=3'"
     )
     flwr = str(Path(sys.executable).parent / "flwr")
     try:
         res = subprocess.run(
             [flwr, "run", str(PROJECT), "--stream", "--run-config", rc],
-            cwd=mine,
+            cwd=method.parent,
             env=env,
             text=True,
             capture_output=True,
@@ -120,11 +136,70 @@ def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path
     assert (out / "metrics.jsonl").is_file(), log  # (`flwr run --stream` exits 0 on failure too)
     rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1] and len(rounds[0]["clients"]) == 2, log
-    assert rounds[0]["clients"][0]["pseudo_label_ratio"] == 1.0  # tau 0.1: all confident
+    assert all(0 < c["method"]["mean_weight"] < 1 for c in rounds[0]["clients"])
     import yaml
 
     saved = yaml.safe_load((out / "config.yaml").read_text())["method"]
-    assert saved["name"] == "SmoothedFixMatch" and saved["params"] == {"smoothing": 0.2}
+    assert saved["name"] == "ConfidenceWeighted" and saved["power"] == 3
+    assert saved["pseudo_labels"] == "online"
+
+
+def test_a_sweep_runs_a_method_by_path_beside_fixmatch_and_the_report_names_it(tmp_path):
+    """`feddb sweep` takes the method's path as a row (in process, from outside the project), and
+    `feddb report` names its runs by the class's display name and tables its own figure."""
+    method = outside(tmp_path)
+    spec = f"{method}:ConfidenceWeighted"
+    out = tmp_path / "sweep"
+    overrides = f"{' '.join(TINY)} train.warmup_rounds=0 model.width=8"
+    cmd = [
+        sys.executable,
+        "-m",
+        "feddb.sweep",
+        "-m",
+        f"row=fixmatch,{spec}",
+        "seed=0",
+        f"out={out}",
+        "launcher=[python,-m,feddb.inprocess]",
+        f"run_config=num-server-rounds=2 overrides='{overrides}'",
+    ]
+    res = subprocess.run(
+        cmd, cwd=method.parent, env=user_env(tmp_path), text=True, capture_output=True
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = sorted(p.parent.parent.name for p in out.rglob("s0/summary.json"))
+    assert runs[0].startswith("ConfidenceWeighted-") and runs[1] == "fixmatch"
+    from feddb.report import main as report
+
+    assert report([str(out), "--out", str(tmp_path / "report")]) == 0
+    text = (tmp_path / "report" / "results.md").read_text()
+    assert "| FixMatch (confidence-weighted) |" in text
+    assert "FixMatch (confidence-weighted) | mean_weight |" in text
+
+
+def test_a_class_whose_hooks_its_base_never_calls_is_refused_and_told_its_base(tmp_path):
+    (tmp_path / "wrong.py").write_text(
+        "from fssl.train import LocalTrainer\n\n\n"
+        "class OnLabelsOnly(LocalTrainer):\n"
+        "    def select(self, probs, idx, learn, raw=None):\n"
+        "        return probs.max(1)[1], probs.max(1)[0]\n\n\n"
+        "class NoHooks:\n"
+        "    def select(self, probs, idx, learn, raw=None):\n"
+        "        return None\n"
+    )
+    with pytest.raises(ConfigError, match="defines select, which its base LocalTrainer never"):
+        method_class(f"{tmp_path / 'wrong.py'}:OnLabelsOnly")
+    with pytest.raises(ConfigError, match="subclass fssl.methods.fixmatch.FixMatch \\(a pseudo"):
+        method_class(f"{tmp_path / 'wrong.py'}:NoHooks")
+
+
+def test_a_run_inside_the_warm_up_says_so_before_it_starts(tmp_path, capsys):
+    from feddb.inprocess import main as local_main
+
+    rc = f"num-server-rounds=1 output-dir='{tmp_path / 'run'}' overrides='{' '.join(TINY)}'"
+    assert local_main(["--run-config", rc]) == 0  # the default preset: 10 warm-up rounds
+    out = capsys.readouterr().out
+    warning = out.index("[feddb] warning: all 1 rounds fall inside the labels-only warm-up")
+    assert warning < out.index("[feddb] round   1")
 
 
 def test_a_deployed_node_runs_a_user_method_only_where_its_operator_allowed_it(tmp_path):
@@ -139,8 +214,9 @@ def test_a_deployed_node_runs_a_user_method_only_where_its_operator_allowed_it(t
     part = partition_for(cfg)
     files = write_client_files(dataset_for(cfg), part.labeled, part.unlabeled, tmp_path)
     own = {"data-path": str(files[1])}
-    with pytest.raises(PermissionError, match="allow-methods"):  # Flower's runtime: an error reply
-        _run(cfg, pid=1, node_config=own)
+    _, refused = _run(cfg, pid=1, node_config=own)  # an error reply, its traceback in it
+    assert refused.has_error() and "PermissionError" in refused.error.reason
+    assert "allow-methods" in refused.error.reason
     _, allowed = _run(cfg, pid=1, node_config={**own, "allow-methods": SPEC})
     assert not allowed.has_error(), allowed.error.reason if allowed.has_error() else ""
     _, simulated = _run(cfg, pid=1)  # a simulation's nodes are the user's own processes

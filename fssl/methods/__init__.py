@@ -108,14 +108,48 @@ def _load_user(spec: str) -> type:
     if not isinstance(cls, type):
         raise ConfigError(f"method '{spec}': {where} has no class {cls_name}")
     missing = [a for a in REQUIRED if not hasattr(cls, a)]
+    labelling = [h for h in PSEUDO_LABEL_HOOKS if h in vars(cls)]
     if missing:
+        base = (
+            "fssl.methods.fixmatch.FixMatch (a pseudo-labelling method: its round calls "
+            "select and unlabeled_loss)"
+            if labelling
+            else "fssl.methods.fixmatch.FixMatch for a pseudo-labelling method, "
+            "fssl.train.LocalTrainer for labels-only training"
+        )
         raise ConfigError(
-            f"method '{spec}': class {cls_name} lacks {', '.join(missing)}; subclass "
-            "fssl.train.LocalTrainer (or one of fssl/methods/*) to get them (docs/methods.md, "
-            "'Adding a method')"
+            f"method '{spec}': class {cls_name} lacks {', '.join(missing)}; subclass {base} "
+            "(docs/methods.md, 'Adding a method')"
+        )
+    uncalled = never_called(cls)
+    if uncalled:
+        raise ConfigError(
+            f"method '{spec}': class {cls_name} defines {', '.join(uncalled)}, which its base "
+            f"{cls.__mro__[1].__name__} never calls (only FixMatch's round does): subclass "
+            "fssl.methods.fixmatch.FixMatch instead"
         )
     _USER[spec] = cls
     return cls
+
+
+# Hooks only FixMatch's round calls (fssl/methods/fixmatch.py), and the entry points through
+# which a class of its own could call them instead.
+PSEUDO_LABEL_HOOKS = ("select", "unlabeled_loss")
+CALLERS = ("fit", "epoch", "step", "begin_round", "unlabeled_batch")
+
+
+def never_called(cls: type) -> list[str]:
+    """The pseudo-labelling hooks a user's class defines that nothing would call: its base is not
+    FixMatch and no class of its own (outside this package) overrides a caller."""
+    from .fixmatch import FixMatch
+
+    if issubclass(cls, FixMatch):
+        return []
+    own = [c for c in cls.__mro__ if not c.__module__.startswith(("fssl.", "builtins"))]
+    defined = {name for c in own for name in vars(c)}
+    if defined & set(CALLERS):
+        return []
+    return [h for h in PSEUDO_LABEL_HOOKS if h in defined]
 
 
 def method_class(spec: str) -> type[LocalTrainer]:
@@ -136,6 +170,19 @@ def method_class(spec: str) -> type[LocalTrainer]:
 
 
 trainer_class = method_class  # the name callers used before methods were classes of their own
+
+
+def fill_defaults(m: dict[str, Any]) -> None:
+    """A method given by path has no YAML: its class's `defaults` give the `method.*` values its
+    configuration leaves unset (conf/method/custom.yaml leaves `pseudo_labels` null), then
+    pseudo-labels once a round. A user's `+method.<key>=...` wins."""
+    if not is_path(str(m.get("trainer") or "")):
+        return
+    for key, value in method_class(m["trainer"]).defaults.items():
+        if m.get(key) is None:
+            m[key] = value
+    if m.get("pseudo_labels") is None:
+        m["pseudo_labels"] = "round"
 
 
 def check_method(m: dict[str, Any]) -> None:

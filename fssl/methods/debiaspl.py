@@ -5,8 +5,8 @@ logit-adjusted pseudo-labelling that FedDB's DPL is closest to.
 q-hat is an exponential moving average (momentum `method.ema`) of the mean weak-view prediction
 over the unlabeled batches, starting at 1/K. Pseudo-labels come from softmax(f(weak) - lambda log
 q-hat) = normalise(p / q-hat^lambda) and are kept where its max >= tau; the loss on strong views is
-the adaptive marginal loss CE(f(strong) + lambda log q-hat, label). lambda (`method.debias`) is the
-authors' 0.5. Unlike DPL, which divides by the client's APP-U of the received model (a prior that
+the adaptive marginal loss CE(f(strong) + lambda log q-hat, label). lambda (`method.debias`) is 0.5
+here (the official main_DebiasPL.py defaults to 1.0; its scripts and USB use 0.4). Unlike DPL, which divides by the client's APP-U of the received model (a prior that
 mixes the model's bias with the client's class skew), q-hat follows the local model's predictions
 over the rounds.
 

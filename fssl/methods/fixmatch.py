@@ -48,7 +48,7 @@ class FixMatch(LocalTrainer):
         everyone = torch.arange(len(probs_u), device=probs_u.device)
         labels, mask = self.pseudo_labels(probs_u, prior, everyone, learn=not self.online())
         self.pl_labels, self.pl_mask = labels, mask
-        self.conf_idx = mask.nonzero(as_tuple=True)[0]
+        self.conf_idx = (mask > 0).nonzero(as_tuple=True)[0]
         return self.label_stats(labels, mask, data)
 
     def unlabeled_batch(self, model, data, unl_idx, prior):
@@ -60,8 +60,12 @@ class FixMatch(LocalTrainer):
             if len(idx) == 0:
                 return None, 0, None
             x_s = self.norm(augment.strong(data.x_u[idx], self.flip, self.gen))
-            denom = len(self.pl_mask) if norm_all else len(idx)
             target = self.pl_labels[idx]
+            if self.pl_mask.dtype != torch.bool:  # per-image weights
+                w = self.pl_mask[idx]
+                denom = len(self.pl_mask) if norm_all else w.sum().clamp_min(1.0)
+                return x_s, len(idx), lambda logits: self.unlabeled_loss(logits, target, w, denom)
+            denom = len(self.pl_mask) if norm_all else len(idx)
             return x_s, len(idx), lambda logits: self.unlabeled_loss(logits, target, None, denom)
         if not self.online():  # mini-batch, per round
             target, mask = self.pl_labels[unl_idx], self.pl_mask[unl_idx].float()
