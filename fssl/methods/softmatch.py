@@ -1,0 +1,79 @@
+"""SoftMatch (Chen et al., ICLR 2023, "SoftMatch: Addressing the Quantity-Quality Trade-off in
+Semi-Supervised Learning"): FixMatch whose unlabeled images all count, each weighted by a truncated
+Gaussian of its confidence, with uniform alignment of the probabilities.
+
+Per step (the current local model's weak views, `method.pseudo_labels: online`, as the paper):
+uniform alignment divides the probabilities by p-hat, an EMA of the model's mean prediction
+(from 1/K), and renormalises; the label is the aligned argmax; its weight is 1 where the aligned
+max probability p reaches mu, else exp(-(p - mu)^2 / (2 sigma^2 / n_sigma^2)), with mu and
+sigma^2 EMAs of the batch's mean and (unbiased) variance of p (from 1/K and 1). The statistics are
+updated before the batch's weights, as USB's `SoftMatchWeightingHook` (semilearn/algorithms/
+softmatch, the reference implementation) does; p-hat from the unaligned probabilities. The loss on
+strong views is the weighted cross-entropy, divided as the regime divides FixMatch's
+(`train.unlabeled_loss_norm`: all, USB's mean over the batch; confident: the weights' sum).
+
+Federated: mu, sigma^2 and p-hat are the client's own, kept between its rounds in Flower's
+context.state, never sent or averaged (as FreeMatch's and DebiasPL's estimates). USB's momentum
+0.999 is set for 2^20 steps; a client here takes a few hundred, so `method.ema` is 0.97
+(docs/methods.md). With DPL on, the weights and labels come from DPL's output; p-hat follows the
+model's own probabilities. Its own per-client figures: mu and sigma^2 after the round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import number
+from . import register
+from .fixmatch import FixMatch
+
+
+@register("softmatch")
+class SoftMatch(FixMatch):
+    display = "SoftMatch"
+
+    @classmethod
+    def check_params(cls, m: dict[str, Any]) -> None:
+        number({"method": m}, "method.ema", low=0, high=1, open_high=True, default=None)
+        number({"method": m}, "method.n_sigma", low=0, open_low=True, default=None)
+
+    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        kept = state.get("softmatch", {})
+        self.kept = {k: v.to(self.device) for k, v in kept.items()}
+
+    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        out = super().client_state()
+        if self.kept:
+            out["softmatch"] = {k: v.cpu() for k, v in self.kept.items()}
+        return out
+
+    def begin_round(self, model, data, probs_u, prior):
+        k = probs_u.shape[1]
+        if self.kept.get("p_hat") is None or len(self.kept["p_hat"]) != k:  # a new client
+            self.kept = {
+                "mu": torch.tensor(1.0 / k, device=self.device),
+                "var": torch.tensor(1.0, device=self.device),
+                "p_hat": torch.full((k,), 1.0 / k, device=self.device),
+            }
+        return super().begin_round(model, data, probs_u, prior)
+
+    def select(self, probs, idx, learn, raw=None):
+        s = self.kept
+        if learn:  # p-hat from the model's own probabilities, before the alignment
+            m = self.cfg["method"]["ema"]
+            s["p_hat"] = m * s["p_hat"] + (1 - m) * (probs if raw is None else raw).mean(0)
+        aligned = probs / s["p_hat"]  # uniform alignment: the target 1/K cancels out
+        aligned = aligned / aligned.sum(1, keepdim=True)
+        conf, labels = aligned.max(1)
+        if learn and len(conf) > 1:  # mu and sigma^2 of the batch, before its weights
+            m = self.cfg["method"]["ema"]
+            s["mu"] = m * s["mu"] + (1 - m) * conf.mean()
+            s["var"] = m * s["var"] + (1 - m) * conf.var(unbiased=True)
+        spread = 2 * s["var"] / self.cfg["method"]["n_sigma"] ** 2
+        weights = torch.exp(-((conf - s["mu"]).clamp(max=0.0) ** 2) / spread)
+        return labels, weights
+
+    def client_metrics(self) -> dict[str, float]:
+        return {"mu": float(self.kept["mu"]), "var": float(self.kept["var"])} if self.kept else {}
