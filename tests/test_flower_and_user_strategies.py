@@ -62,6 +62,15 @@ class Incomplete(Strategy):
     """No hooks implemented: loading it must fail before the first round."""
 
 
+class Breaking(FedAvg):
+    """A user's strategy whose aggregation raises in round 2."""
+
+    def aggregate_train(self, server_round, replies):
+        if server_round == 2:
+            raise ValueError("boom in aggregate_train")
+        return super().aggregate_train(server_round, replies)
+
+
 def _rc(out, strategy, method="fixmatch", extra=""):
     return {
         "dataset": "npz",
@@ -334,3 +343,21 @@ def test_report_has_a_strategy_table_and_figure(small_npz, tmp_path):
     assert "### Strategies" in text and "| FedProx |" in text
     assert "FixMatch @ FedProx − FixMatch @ FedAvg | 2 |" in text
     assert (tmp_path / "rep" / "strategies.png").stat().st_size > 0
+
+
+def test_a_strategy_that_raises_ends_the_run_naming_its_class_and_hook(small_npz, tmp_path):
+    """Not a bad input (it raises mid-run): the run fails (exit 3 from the launchers) with one
+    line naming the strategy's class and hook, the rounds before it recorded."""
+    from server_app.rounds import RunFailed
+
+    rc = _rc(
+        tmp_path / "breaking",
+        "custom",
+        extra=" strategy.target=test_flower_and_user_strategies:Breaking",
+    )
+    with pytest.raises(
+        RunFailed, match=r"strategy Breaking.aggregate_train raised ValueError: boom"
+    ):
+        run_in_process(rc | {"data-path": str(small_npz)}, 6)
+    assert [r["round"] for r in _records(tmp_path / "breaking")] == [1]
+    assert "Breaking.aggregate_train" in (tmp_path / "breaking" / "failure.json").read_text()

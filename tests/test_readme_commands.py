@@ -54,3 +54,44 @@ def test_a_readme_command_works_as_typed(command):
 def test_the_readme_shows_its_commands():
     found = {shlex.split(c)[1] for c in commands()}
     assert {"run", "local", "sweep", "report", "claims", "deploy"} <= found
+
+
+def test_every_subcommand_names_itself_and_every_option_says_what_it_does(monkeypatch):
+    """`feddb <command> --help` (and deploy's subcommands): the usage line carries the command,
+    and no option is without help text."""
+    import argparse
+
+    bare = []
+    original = argparse._ActionsContainer.add_argument
+
+    def recording(self, *args, **kwargs):
+        action = original(self, *args, **kwargs)
+        if not action.help and action.dest not in ("help", "cmd"):
+            bare.append((getattr(self, "prog", "?"), action.option_strings or action.dest))
+        return action
+
+    monkeypatch.setattr(argparse._ActionsContainer, "add_argument", recording)
+    for cmd in COMMANDS:
+        subs = (
+            [[cmd, s] for s in ("certs", "keys", "export", "local")] if cmd == "deploy" else [[cmd]]
+        )
+        for argv in subs:
+            text = help_of(argv)
+            assert cmd == "sweep" or f"usage: feddb {' '.join(argv)}" in text, text[:300]
+    assert not bare, f"options without help: {bare}"
+
+
+def test_a_finished_runs_directory_is_refused_and_left_byte_for_byte(tmp_path, capsys):
+    from conftest import TINY
+
+    from feddb.inprocess import main as local_main
+
+    rc = f"num-server-rounds=1 output-dir='{tmp_path / 'run'}' overrides='{' '.join(TINY)}'"
+    assert local_main(["--run-config", rc]) == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert local_main(["--run-config", rc.replace("num-server-rounds=1", "seed=5")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: output-dir") and "holds a run" in err and "resume=" in err
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert after == before
