@@ -72,6 +72,9 @@ def test_gpus_per_client_argument(tiny_cfg, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus_per_client("auto", tiny_cfg) == 0.0  # no CUDA: no GPU resource
+    with pytest.raises(ValueError, match="trains on the CPU"):  # Ray would wait for a GPU
+        gpus_per_client("0.25", tiny_cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert gpus_per_client("0.25", tiny_cfg) == 0.25
     for bad in ("2", "-1", "half"):
         with pytest.raises(ValueError, match="in \\[0, 1\\] or auto"):

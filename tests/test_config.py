@@ -319,8 +319,12 @@ def test_the_paper_presets_run_without_any_defence_where_nodes_are_simulated():
     assert (rb["clip"], rb["min_cosine"], rb["loss_check"], cfg["dma"]["cap"]) == (None,) * 4
 
 
-def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():
-    """Flower's simulation grid: the clients busy every core while the server evaluates."""
+def test_the_server_takes_one_cpu_thread_unless_it_has_the_machine(monkeypatch):
+    """Flower's simulation grid: the clients busy every core while the server evaluates; the
+    in-process runner: one thread a process (the rule, fssl.runtime.cpu_threads); a deployed
+    ServerApp has its machine: every core. OMP_NUM_THREADS, where set, wins."""
+    import os
+
     import torch
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
@@ -330,9 +334,13 @@ def test_the_server_takes_one_cpu_thread_only_in_a_cpu_simulation():
     flower = object.__new__(InMemoryGrid)  # Flower's simulation grid
     local = object.__new__(LocalGrid)  # the in-process runner: sequential
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert server_threads("auto", flower, cpu) == 1
-    assert server_threads("auto", local, cpu) is None
+    assert server_threads("auto", local, cpu) == 1
+    assert server_threads("auto", object(), cpu) == len(os.sched_getaffinity(0))  # deployed
     assert server_threads("auto", flower, cuda) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert server_threads("auto", flower, cpu) == 2
     assert server_threads(3, flower, cpu) == 3
     # both are simulations (the defences stay off); any other grid has SuperNodes
     assert simulated(flower) and simulated(local) and not simulated(object())

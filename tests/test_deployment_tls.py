@@ -202,9 +202,9 @@ def start_ray(ray: str, env: dict, *args: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_simulation_on_an_existing_ray_cluster(tmp_path):
     """A Ray head and a worker node (both local), then two `feddb run`s attached to that cluster:
-    one that fails in its ServerApp (its output directory lies under a file) exits 1 with the
-    reason (`flwr run --stream` itself exits 0 when a run fails) and leaves no SuperLink; the
-    next completes."""
+    one whose clients all fail (a method whose fit raises) exits 3 with the first cause
+    (`flwr run --stream` itself exits 0 when a run fails) and leaves no SuperLink; the next
+    completes."""
     from feddb.resources import free_port, group_alive, stop_group
 
     ray = str(Path(sys.executable).with_name("ray"))
@@ -228,9 +228,9 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
         )
         assert nodes.stdout.strip().endswith("2"), nodes.stderr[-2000:]
 
-        def launch(output_dir: Path) -> subprocess.CompletedProcess:
+        def launch(output_dir: Path, extra: str = "") -> subprocess.CompletedProcess:
             rc = (
-                f"dataset='npz' data-path='{SMALL['data-path']}' num-server-rounds=1 "
+                f"{extra}dataset='npz' data-path='{SMALL['data-path']}' num-server-rounds=1 "
                 f"output-dir='{output_dir}' overrides='fl.num_clients=4 fl.fraction_train=1.0 "
                 "dataset.num_labeled=200 dataset.val_size=200 train.local_epochs=1 fl.node_wait=5'"
             )
@@ -244,11 +244,16 @@ def test_simulation_on_an_existing_ray_cluster(tmp_path):
                 timeout=400,
             )
 
-        (tmp_path / "a-file").write_text("not a directory")
-        failed = launch(tmp_path / "a-file" / "r")
-        assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
-        # the run's status and the ServerApp's error
-        assert "finished:failed" in failed.stderr and "a-file" in failed.stderr
+        broken = tmp_path / "broken.py"
+        broken.write_text(
+            "from fssl.methods.fixmatch import FixMatch\n\n\nclass Broken(FixMatch):\n"
+            "    def fit(self, *args, **kwargs):\n        raise RuntimeError('boom in fit')\n"
+        )
+        failed = launch(tmp_path / "failed", f"method='{broken}:Broken' ")
+        assert failed.returncode == 3, failed.stdout[-3000:] + failed.stderr[-3000:]
+        # the first cause, in one line; the ServerApp's traceback not shown
+        assert "error: run failed: round 1 trained no client" in failed.stderr
+        assert "boom in fit" in failed.stderr and "Traceback" not in failed.stdout
         assert not flower_pids(tmp_path / "flwr-home")
         out = tmp_path / "run"
         res = launch(out)

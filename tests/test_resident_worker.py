@@ -113,8 +113,8 @@ def test_the_query_starts_the_worker_and_round_1_waits_for_that_one(node, monkey
 
 
 def test_an_error_in_the_worker_is_the_clientapps_error(node):
-    """A node with its own data refuses another partition: raised in the worker, raised again
-    in the ClientApp as itself."""
+    """A node with its own data refuses another partition: raised in the worker, it comes back
+    as the ClientApp's error reply, with the worker's traceback in it."""
     import json
 
     from conftest import make_context, make_instruction
@@ -132,8 +132,10 @@ def test_an_error_in_the_worker_is_the_clientapps_error(node):
         {"server-round": 1, "lr": 0.1, "run-config": json.dumps(full), contract.PARTITION: 1}
     )
     msg = make_instruction(ArrayRecord(make_model(full, 10, 1).state_dict()), config)
-    with pytest.raises(ValueError, match="holds only partition 2's data"):
-        resident.forward("train", msg, ctx)
+    reply = resident.forward("train", msg, ctx)  # the worker's error reply, passed on whole
+    assert reply.has_error() and "ValueError" in reply.error.reason
+    assert "holds only partition 2's data" in reply.error.reason
+    assert "Traceback (most recent call last)" in reply.error.reason
 
 
 def test_a_simulated_client_and_an_opted_out_node_do_the_work_themselves():

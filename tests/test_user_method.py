@@ -198,7 +198,7 @@ def test_a_run_inside_the_warm_up_says_so_before_it_starts(tmp_path, capsys):
     rc = f"num-server-rounds=1 output-dir='{tmp_path / 'run'}' overrides='{' '.join(TINY)}'"
     assert local_main(["--run-config", rc]) == 0  # the default preset: 10 warm-up rounds
     out = capsys.readouterr().out
-    warning = out.index("[feddb] warning: all 1 rounds fall inside the labels-only warm-up")
+    warning = out.index("rounds fall inside the labels-only warm-up (train.warmup_rounds=10)")
     assert warning < out.index("[feddb] round   1")
 
 
