@@ -72,12 +72,15 @@ def test_its_own_parameters_are_checked_and_its_weights_change_training():
 
 
 def test_a_user_method_runs_in_the_in_process_engine_with_dpl_and_dma(tmp_path, monkeypatch):
+    """`feddb local` from the user's own directory, the method imported as a module there."""
     from feddb.inprocess import main as local_main
 
-    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    method = outside(tmp_path)
+    monkeypatch.chdir(method.parent)
+    monkeypatch.syspath_prepend(str(method.parent))
     out = tmp_path / "run"
     rc = (
-        "method='confidence_weighted:ConfidenceWeighted' dpl=true dma=true num-server-rounds=2 "
+        "method='my_method:ConfidenceWeighted' dpl=true dma=true num-server-rounds=2 "
         f"output-dir='{out}' overrides='{' '.join(TINY)} train.warmup_rounds=1'"
     )
     assert local_main(["--run-config", rc]) == 0
