@@ -376,3 +376,21 @@ def test_a_negative_running_variance_is_refused_as_malformed():
     assert parse_train_reply(ok, glob, K, None)["arrays"]["bn.running_var"][0] == 0.0
     with pytest.raises(ReplyError, match="'bn.running_var' has negative variances"):
         parse_train_reply(bad, glob, K, None)
+
+
+def test_a_methods_own_figures_are_checked_like_every_reply_field():
+    """`method:<name>` metrics (LocalTrainer.client_metrics) from an untrusted reply: names must
+    be identifiers and at most 16 of them, else the reply is refused; a non-finite value is kept
+    as null."""
+    from strategy.contract import ReplyError, client_record, parse_train_reply
+
+    def parse(**extra):
+        reply = make_reply(_client([1.0, 2.0]), _metrics(0, [0.2, 0.3, 0.5], **extra), node=10)
+        return parse_train_reply(reply, _global(), K, None)
+
+    good = parse(**{"method:mu": 0.7, "method:var": float("nan")})
+    assert client_record(good["metrics"], 1.0)["method"] == {"mu": 0.7, "var": None}
+    with pytest.raises(ReplyError, match="not identifiers"):
+        parse(**{"method:bad name!": 1.0})
+    with pytest.raises(ReplyError, match="17 method metrics, more than 16"):
+        parse(**{f"method:m{i}": 1.0 for i in range(17)})
