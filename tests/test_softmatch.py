@@ -1,6 +1,7 @@
-"""SoftMatch (fssl/methods/softmatch.py) is its paper's rule as USB implements it: the truncated
-Gaussian weight of the aligned confidence, EMAs of its mean and variance updated before the
-batch's weights, uniform alignment by the EMA of the model's own mean prediction."""
+"""SoftMatch (fssl/methods/softmatch.py) is its paper's rule as USB implements it: hard labels from
+the probabilities as they come, the truncated Gaussian weight of the aligned confidence, EMAs of
+its mean and variance updated before the batch's weights, uniform alignment by the EMA of the
+model's own mean prediction (from the first batch's mean)."""
 
 import math
 
@@ -48,12 +49,27 @@ def test_the_weight_is_a_truncated_gaussian_of_the_aligned_confidence():
     assert weights[0] == 1.0 and weights.dtype == torch.float32
 
 
-def test_uniform_alignment_divides_by_the_models_mean_prediction():
+def test_uniform_alignment_sets_the_weights_and_not_the_labels():
+    """USB: the label is the argmax of the probabilities as they come; the weight comes from the
+    aligned ones, which divide by the model's mean prediction p-hat."""
     t = softmatch()
     t.kept["p_hat"] = torch.tensor([0.4] + [0.6 / 9] * 9)
-    probs = torch.tensor([[0.5, 0.5] + [0.0] * 8])
-    labels, _ = t.select(probs, None, learn=False)
-    assert labels.item() == 1  # class 0's mass is divided by its larger share of predictions
+    probs = torch.tensor([[0.6, 0.4] + [0.0] * 8])
+    labels, weights = t.select(probs, None, learn=False)
+    assert labels.item() == 0  # not aligned
+    aligned = probs / t.kept["p_hat"]
+    conf = (aligned / aligned.sum()).max()  # class 1's 0.4 / (0.6/9) outweighs class 0's 0.6 / 0.4
+    assert torch.allclose(weights, torch.exp(-((conf - 0.5).clamp(max=0) ** 2) / (2 * 0.04 / 4)))
+
+
+def test_p_hat_starts_at_a_new_clients_first_batch_mean():
+    t = softmatch()
+    del t.kept["p_hat"]
+    probs = torch.softmax(torch.randn(4, 10, generator=torch.Generator().manual_seed(2)), 1)
+    t.select(probs, torch.arange(4), learn=False)  # the metrics pass: no alignment, no update
+    assert "p_hat" not in t.kept
+    t.select(probs, torch.arange(4), learn=True)
+    assert torch.allclose(t.kept["p_hat"], probs.mean(0))
 
 
 def test_learning_updates_p_hat_from_raw_probabilities_then_mu_and_var_before_the_weights():
@@ -68,6 +84,7 @@ def test_learning_updates_p_hat_from_raw_probabilities_then_mu_and_var_before_th
     mu = m * 0.5 + (1 - m) * conf.mean()
     var = m * 0.04 + (1 - m) * conf.var(unbiased=True)
     labels, weights = t.select(debiased, torch.arange(6), learn=True, raw=raw)
+    assert torch.equal(labels, debiased.argmax(1))
     assert torch.allclose(t.kept["p_hat"], p_hat) and torch.allclose(t.kept["mu"], mu)
     assert torch.allclose(t.kept["var"], var)
     spread = 2 * var / 4.0
@@ -88,3 +105,14 @@ def test_a_client_round_trains_with_soft_weights_and_reports_mu_and_var():
     out = t.fit(make_model(cfg, 10, 1), client_data_for(cfg, 1, torch.device("cpu")), 0.1, 3)
     assert set(out["method"]) == {"mu", "var"} and 0 < out["method"]["mu"] <= 1
     assert 0 < out["pseudo_label_ratio"] <= 1 and out["loss_unsup"] > 0
+
+
+def test_a_clientapp_round_stores_its_state_and_replies_with_mu_and_var():
+    """Through the ClientApp: its state (two scalars and a vector) goes into Flower's
+    context.state without an error, and mu and var travel in the reply."""
+    from test_client_app import _run
+
+    cfg = compose(TINY + ["method=softmatch", "train.warmup_rounds=0"])
+    _, reply = _run(cfg)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    assert {"method:mu", "method:var"} <= set(reply.content["metrics"])

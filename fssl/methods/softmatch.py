@@ -3,14 +3,17 @@ Semi-Supervised Learning"): FixMatch whose unlabeled images all count, each weig
 Gaussian of its confidence, with uniform alignment of the probabilities.
 
 Per step (the current local model's weak views, `method.pseudo_labels: online`, as the paper):
-uniform alignment divides the probabilities by p-hat, an EMA of the model's mean prediction
-(from 1/K), and renormalises; the label is the aligned argmax; its weight is 1 where the aligned
-max probability p reaches mu, else exp(-(p - mu)^2 / (2 sigma^2 / n_sigma^2)), with mu and
-sigma^2 EMAs of the batch's mean and (unbiased) variance of p (from 1/K and 1). The statistics are
-updated before the batch's weights, as USB's `SoftMatchWeightingHook` (semilearn/algorithms/
-softmatch, the reference implementation) does; p-hat from the unaligned probabilities. The loss on
-strong views is the weighted cross-entropy, divided as the regime divides FixMatch's
-(`train.unlabeled_loss_norm`: all, USB's mean over the batch; confident: the weights' sum).
+the label is the argmax of the probabilities as they come (USB: uniform alignment is not used to
+make the labels); the weight comes from the aligned probabilities: uniform alignment divides them
+by p-hat, an EMA of the model's mean prediction (the first batch's mean at a client's start, as
+USB's `DistAlignEMAHook`), and renormalises; the weight is 1 where the aligned max probability p
+reaches mu, else exp(-(p - mu)^2 / (2 sigma^2 / n_sigma^2)), with mu and sigma^2 EMAs of the
+batch's mean and (unbiased) variance of p (from 1/K and 1). p-hat moves (from the unaligned
+probabilities) before the alignment, mu and sigma^2 before the batch's weights, as USB's hooks
+(semilearn/algorithms/softmatch and hooks/dist_align.py, the reference implementation). The loss
+on strong views is the weighted cross-entropy, divided as the regime divides FixMatch's
+(`train.unlabeled_loss_norm`: all, USB's mean over the batch; confident, the authors' regime: the
+weights' sum, which USB does not do).
 
 Federated: mu, sigma^2 and p-hat are the client's own, kept between its rounds in Flower's
 context.state, never sent or averaged (as FreeMatch's and DebiasPL's estimates). USB's momentum
@@ -51,22 +54,22 @@ class SoftMatch(FixMatch):
 
     def begin_round(self, model, data, probs_u, prior):
         k = probs_u.shape[1]
-        if self.kept.get("p_hat") is None or len(self.kept["p_hat"]) != k:  # a new client
+        if self.kept.get("mu") is None:  # a new client; p-hat waits for its first batch
             self.kept = {
                 "mu": torch.tensor(1.0 / k, device=self.device),
                 "var": torch.tensor(1.0, device=self.device),
-                "p_hat": torch.full((k,), 1.0 / k, device=self.device),
             }
         return super().begin_round(model, data, probs_u, prior)
 
     def select(self, probs, idx, learn, raw=None):
         s = self.kept
         if learn:  # p-hat from the model's own probabilities, before the alignment
-            m = self.cfg["method"]["ema"]
-            s["p_hat"] = m * s["p_hat"] + (1 - m) * (probs if raw is None else raw).mean(0)
-        aligned = probs / s["p_hat"]  # uniform alignment: the target 1/K cancels out
+            m, mean = self.cfg["method"]["ema"], (probs if raw is None else raw).mean(0)
+            s["p_hat"] = mean if s.get("p_hat") is None else m * s["p_hat"] + (1 - m) * mean
+        labels = probs.argmax(1)  # not aligned (USB)
+        aligned = probs if s.get("p_hat") is None else probs / s["p_hat"]  # target 1/K cancels
         aligned = aligned / aligned.sum(1, keepdim=True)
-        conf, labels = aligned.max(1)
+        conf = aligned.max(1).values
         if learn and len(conf) > 1:  # mu and sigma^2 of the batch, before its weights
             m = self.cfg["method"]["ema"]
             s["mu"] = m * s["mu"] + (1 - m) * conf.mean()
