@@ -285,12 +285,16 @@ def row_problem(names: list[str]) -> str | None:
 
 
 def swept_rows(params: dict[str, str], task: list[str]) -> list[str]:
-    """The rows a multirun will run: the command line's `row=` or else the preset's."""
+    """The rows a multirun will run: the command line's `row=` or else the preset's, as plain
+    comma-separated values (none where Hydra's grammar says more: choice(...), range(...),
+    quotes; Hydra resolves those, and an unknown row then fails its run)."""
     value = str(params.get("row", ""))
     for item in task:
         key, sep, val = str(item).partition("=")
         if sep and key.lstrip("+~") == "row":
             value = val
+    if any(c in value for c in "()[]{}'\""):
+        return []
     return [r.strip() for r in value.split(",") if r.strip()]
 
 

@@ -170,9 +170,13 @@ class LocalTrainer:
         }
         if bool((data.y_u >= 0).all()):  # hidden labels known (simulation, exported files)
             correct = (labels == data.y_u).float()
-            out["pseudo_label_accuracy"] = (
-                float((correct * weights).sum() / weights.sum()) if n_used else 0.0
-            )
+            if not n_used:
+                accuracy = 0.0
+            elif mask.dtype == torch.bool:  # as before weights: the mean over the kept images
+                accuracy = float(correct[mask].mean())
+            else:
+                accuracy = float((correct * weights).sum() / weights.sum())
+            out["pseudo_label_accuracy"] = accuracy
             out["pseudo_label_accuracy_all"] = float(correct.mean()) if len(mask) else 0.0
         return out
 

@@ -33,7 +33,7 @@ from strategy.flower import StrategyFailed
 
 from .config import resolve
 from .recorder import RoundRecorder
-from .rounds import FAILURE, RoundLoop, RunFailed, collect, push
+from .rounds import FAILURE, RoundLoop, RunFailed, collect, failed_before, push
 
 app = ServerApp()
 
@@ -384,6 +384,7 @@ def main(grid: Grid, context: Context) -> None:
     else:
         arrays, first_round = restore(run_dir, strategy, recorder)
         print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
+        (run_dir / FAILURE).unlink(missing_ok=True)  # written again below if a round failed
     server = ServerLabels(cfg, ds, part, device) if len(part.server) else None
     if server is not None:
         print(
@@ -394,6 +395,7 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
     loop = RoundLoop(strategy, grid, server)
+    loop.failed = failed_before(recorder.history) if resume_dir is not None else []
     if not simulation:  # SuperNodes may leave and join during the run
         loop.before_round = RejoinedNodes(grid, strategy, cfg["fl"]["num_clients"])
 
@@ -415,13 +417,13 @@ def main(grid: Grid, context: Context) -> None:
         )  # round 0, as round 1 trains
     except StrategyFailed as err:
         loop.failed.insert(0, str(err))
-        fail(run_dir, loop)
+        fail(run_dir, loop, recorder)
     finally:
         flwr_logger.setLevel(level)
         recorder.close()
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     if loop.failed:
-        fail(run_dir, loop)
+        fail(run_dir, loop, recorder)
     s = recorder.summary()
     if s["final_test_accuracy"] is not None:
         selected = (
@@ -443,9 +445,12 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[feddb] run directory: {run_dir}", flush=True)
 
 
-def fail(run_dir: Path, loop: RoundLoop) -> None:
-    """End a run in which a round trained no client: failure.json in the run directory (a sweep
-    then runs it again), one line naming the first cause, and RunFailed (exit 3)."""
+def fail(run_dir: Path, loop: RoundLoop, recorder: RoundRecorder) -> None:
+    """End a run in which a round trained no client: its summary, failure.json in the run
+    directory (a sweep then runs it again), one line naming the first cause, and RunFailed
+    (exit 3)."""
+    if recorder.history:
+        recorder.summary()
     more = f"; {len(loop.failed)} rounds like it" if len(loop.failed) > 1 else ""
     if loop.stopped_after:
         more += f", stopped after round {loop.stopped_after} (fl.max_failed_rounds in a row)"

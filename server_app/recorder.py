@@ -270,6 +270,7 @@ class RoundRecorder:
             "round_seconds": seconds,
             "lr": info.lr,
             "skipped": info.skipped,
+            "sampled": len(info.sampled),  # clients the round asked to train
             "num_failures": len(info.failures),
             "failures": self.keep_tracebacks(server_round, info.failures),
             "clients": clients,

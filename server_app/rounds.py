@@ -32,6 +32,20 @@ class RunFailed(RuntimeError):
     """A run in which a round trained no client: its one line names the first cause."""
 
 
+def failed_before(history: list[dict[str, Any]]) -> list[str]:
+    """The rounds of a resumed run's metrics that trained no client (records carry `sampled`)."""
+    out = []
+    for r in history:
+        failures = r.get("failures") or []
+        if r.get("sampled") and len({f["partition_id"] for f in failures}) >= r["sampled"]:
+            first = failures[0]
+            out.append(
+                f"round {r['round']} trained no client (all {r['sampled']} sampled failed; "
+                f"partition {first['partition_id']}, node {first['node_id']}: {first['reason']})"
+            )
+    return out
+
+
 def trained_none(record: RoundRecord) -> bool:
     """Every client sampled in the round failed (an error, a malformed reply, no reply in time)."""
     failed = {f["partition_id"] for f in record.failures}

@@ -96,6 +96,7 @@ def train_reply(instruction: Message, arrays: ArrayRecord, metrics: dict[str, An
 
 
 MAX_TRACEBACK = 20_000  # characters of a client's traceback kept (replies are untrusted)
+TRACE_MARK = "\n--- client traceback ---\n"  # between an error reply's reason and its traceback
 
 
 def error_reply(instruction: Message, err: BaseException, trace: str) -> Message:
@@ -104,15 +105,16 @@ def error_reply(instruction: Message, err: BaseException, trace: str) -> Message
     from flwr.app import Error
     from flwr.common.constant import ErrorCode
 
-    reason = f"{type(err).__name__}: {err}".replace("\n", " ") + "\n" + trace
+    reason = f"{type(err).__name__}: {err}".replace("\n", " ") + TRACE_MARK + trace
     return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=instruction)
 
 
 def error_of(reply: Message) -> tuple[str, str]:
-    """An error reply's one-line reason and the traceback after it (bounded)."""
+    """An error reply's reason in one line and the traceback after it (bounded): ours carry
+    TRACE_MARK between them; Flower's own reasons (which may hold newlines) have no traceback."""
     text = str(reply.error.reason or "")
-    first, _, rest = text.partition("\n")
-    return first[:1000], rest[:MAX_TRACEBACK]
+    reason, _, trace = text.partition(TRACE_MARK)
+    return " ".join(reason.split())[:1000], trace[:MAX_TRACEBACK]
 
 
 def node_info_reply(query: Message, info: dict[str, Any]) -> Message:

@@ -521,3 +521,15 @@ def test_a_failed_run_is_not_complete_and_a_sweep_runs_it_again(tmp_path):
     assert complete(run)
     (run / "failure.json").write_text("{}")
     assert not complete(run)
+
+
+def test_the_row_check_reads_plain_lists_and_leaves_hydras_grammar_to_hydra():
+    from feddb.sweep import swept_rows
+
+    assert swept_rows({"row": "fedavg,feddb"}, []) == ["fedavg", "feddb"]
+    assert swept_rows({"row": "fedavg"}, ["row=fixmatch,/x/m.py:Mine"]) == [
+        "fixmatch",
+        "/x/m.py:Mine",
+    ]
+    assert swept_rows({}, ["row=choice(fedavg,feddb)"]) == []
+    assert swept_rows({}, ["row='fedavg',feddb"]) == []

@@ -224,3 +224,14 @@ def test_a_deployed_node_runs_a_user_method_only_where_its_operator_allowed_it(t
     assert not allowed.has_error(), allowed.error.reason if allowed.has_error() else ""
     _, simulated = _run(cfg, pid=1)  # a simulation's nodes are the user's own processes
     assert not simulated.has_error()
+
+
+def test_a_subclass_of_a_method_that_calls_select_may_define_it(tmp_path):
+    """SemiFL's round calls `select` too: a user's SemiFL with its own rule is not refused."""
+    (tmp_path / "semi.py").write_text(
+        "from fssl.methods.semifl import SemiFL\n\n\n"
+        "class MySemi(SemiFL):\n"
+        "    def select(self, probs, idx, learn, raw=None):\n"
+        "        return super().select(probs, idx, learn, raw)\n"
+    )
+    assert method_class(f"{tmp_path / 'semi.py'}:MySemi").__name__ == "MySemi"

@@ -394,3 +394,45 @@ def test_a_methods_own_figures_are_checked_like_every_reply_field():
         parse(**{"method:bad name!": 1.0})
     with pytest.raises(ReplyError, match="17 method metrics, more than 16"):
         parse(**{f"method:m{i}": 1.0 for i in range(17)})
+
+
+def test_an_error_reply_is_read_whole_whether_ours_or_flowers():
+    """Ours: the reason, a marker, the traceback; Flower's own reasons may span lines (its
+    ClientAppException begins with one) and carry no traceback: kept whole, on one line."""
+    from flwr.app import Error, Message, RecordDict
+
+    from strategy.contract import error_of, error_reply
+
+    ins = Message(content=RecordDict(), metadata=make_metadata(src=0, dst=3))
+    try:
+        raise RuntimeError("boom\nsecond line")
+    except RuntimeError as err:
+        import traceback
+
+        ours = error_reply(ins, err, traceback.format_exc())
+    reason, trace = error_of(ours)
+    assert reason == "RuntimeError: boom second line" and trace.startswith("Traceback")
+    flowers = Message(
+        Error(2, "<class 'X'>:<'\nException ClientApp Message: cause'>"), reply_to=ins
+    )
+    assert error_of(flowers) == ("<class 'X'>:<' Exception ClientApp Message: cause'>", "")
+
+
+def test_a_resumed_run_keeps_the_rounds_that_trained_no_client():
+    from server_app.rounds import failed_before
+
+    history = [
+        {
+            "round": 1,
+            "sampled": 2,
+            "failures": [
+                {"partition_id": 0, "node_id": 5, "reason": "client error: X"},
+                {"partition_id": 1, "node_id": 6, "reason": "client error: X"},
+            ],
+        },
+        {"round": 2, "sampled": 2, "failures": [{"partition_id": 0, "node_id": 5, "reason": "y"}]},
+        {"round": 3, "sampled": 0, "failures": []},  # labels at the server: no client asked
+    ]
+    assert failed_before(history) == [
+        "round 1 trained no client (all 2 sampled failed; partition 0, node 5: client error: X)"
+    ]

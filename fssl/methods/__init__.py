@@ -139,17 +139,13 @@ CALLERS = ("fit", "epoch", "step", "begin_round", "unlabeled_batch")
 
 
 def never_called(cls: type) -> list[str]:
-    """The pseudo-labelling hooks a user's class defines that nothing would call: its base is not
-    FixMatch and no class of its own (outside this package) overrides a caller."""
-    from .fixmatch import FixMatch
-
-    if issubclass(cls, FixMatch):
+    """The pseudo-labelling hooks a user's class defines that nothing would call: no class in its
+    line overrides one of LocalTrainer's callers (a method of this package that does, FixMatch or
+    SemiFL, calls `select` in its round; the user's own class may call it from its own)."""
+    line = [c for c in cls.__mro__ if c.__module__ not in ("fssl.train", "builtins")]
+    if any(name in vars(c) for c in line for name in CALLERS):
         return []
-    own = [c for c in cls.__mro__ if not c.__module__.startswith(("fssl.", "builtins"))]
-    defined = {name for c in own for name in vars(c)}
-    if defined & set(CALLERS):
-        return []
-    return [h for h in PSEUDO_LABEL_HOOKS if h in defined]
+    return [h for h in PSEUDO_LABEL_HOOKS if any(h in vars(c) for c in line)]
 
 
 def method_class(spec: str) -> type[LocalTrainer]:
