@@ -241,7 +241,8 @@ def _check_group_choices(overrides: list[str]) -> None:
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
                 "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md; new "
-                f"keys are taken only under {', '.join(EXTENSIBLE)}"
+                f"keys are taken only under {', '.join(EXTENSIBLE)} (and method. for a method "
+                "given by path)"
             )
         key = key.lstrip("+~")
         if sep and key in GROUPS:
