@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from client_app.attacks import apply_attack, attack_of
 from fssl.methods import is_path, make_trainer
 from fssl.profiling import profiled
 from fssl.runtime import client_data_for, keep_freed_memory, model_for, size_threads
@@ -106,10 +105,11 @@ def train(msg: Message, context: Context) -> Message:
     metrics["setup_seconds"] = setup_seconds
     t0 = time.perf_counter()
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    attack = attack_of(context.node_config)  # tests and the attack benchmark only
-    if attack:
+    if context.node_config.get("attack"):  # tests and the attack benchmark only: the attack
+        from client_app.attacks import apply_attack, attack_of  # code loads for such a node alone
+
         state, metrics = apply_attack(
-            attack, arrays_to_torch(msg.content["arrays"]), state, metrics
+            attack_of(context.node_config), arrays_to_torch(msg.content["arrays"]), state, metrics
         )
     arrays = ArrayRecord(state)
     metrics["reply_seconds"] = time.perf_counter() - t0  # the state into the reply

@@ -1,7 +1,7 @@
 """`feddb <command> [options]`: one entry point for the project's tools; `feddb <command> --help`
-describes each. The pipeline: run (or local) -> sweep -> report; ladder, attacks, bench, overhead,
-startup, throughput and floor measure;
-deploy runs the same apps on SuperLink and SuperNodes."""
+describes each. The user's pipeline (this package): run (or local) -> sweep -> report, and deploy
+for SuperLink and SuperNodes. The instruments live apart and load only when called: the claims
+study, its reproduction and the ladder in studies/; speed and attack measurements in benchmarks/."""
 
 from __future__ import annotations
 
@@ -13,22 +13,31 @@ COMMANDS = {
     "local": ("feddb.inprocess", "the same run in this process, without Ray's start-up"),
     "sweep": ("feddb.sweep", "a resumable grid of runs (Hydra multirun: -m row=... seed=...)"),
     "report": ("feddb.report", "tables, paired differences and figures from run directories"),
-    "claims": ("feddb.claims", "the paper's claims tested on the claims study's runs"),
-    "reproduce": ("feddb.reproduce", "re-run a table's runs and check they land within tolerance"),
-    "ladder": ("feddb.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
-    "attacks": ("feddb.attackbench", "the attack benchmark: one malicious client of five a round"),
-    "bench": ("feddb.benchmark", "the speed benchmark"),
+    "claims": ("studies.claims", "the paper's claims tested on the claims study's runs"),
+    "reproduce": (
+        "studies.reproduce",
+        "re-run a table's runs and check they land within tolerance",
+    ),
+    "ladder": ("studies.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
+    "attacks": ("benchmarks.attacks", "the attack benchmark: one malicious client of five a round"),
+    "bench": ("benchmarks.speed", "the speed benchmark"),
     "overhead": (
-        "feddb.overhead",
+        "benchmarks.overhead",
         "where a round's time goes with a null trainer, and Flower's floor",
     ),
-    "startup": ("feddb.startup", "seconds from the launcher and the SuperLink to the first round"),
+    "startup": (
+        "benchmarks.startup",
+        "seconds from the launcher and the SuperLink to the first round",
+    ),
     "threads": (
-        "feddb.threadbench",
+        "benchmarks.threads",
         "seconds per round by CPU threads, idle and beside a busy core",
     ),
-    "throughput": ("feddb.throughput", "a sweep's rounds per second with N runs side by side"),
-    "floor": ("feddb.floor", "a sweep's FLOPs, counted, and the fastest fp32 could run them here"),
+    "throughput": ("benchmarks.throughput", "a sweep's rounds per second with N runs side by side"),
+    "floor": (
+        "benchmarks.floor",
+        "a sweep's FLOPs, counted, and the fastest fp32 could run them here",
+    ),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)

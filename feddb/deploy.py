@@ -29,9 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from server_app.rounds import FAILED_EXIT, FAILURE
-
-from .launch import (
+from feddb.launch import (
     PROJECT,
     TOKEN_VAR,
     absolute_paths,
@@ -44,6 +42,7 @@ from .launch import (
     parse_run_config,
     stop,
 )
+from server_app.rounds import FAILED_EXIT, FAILURE
 
 
 # -- credentials -------------------------------------------------------------------------------

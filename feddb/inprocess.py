@@ -149,7 +149,7 @@ def run_in_process(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .launch import add_run_config, one_run_config, preflight
+    from feddb.launch import add_run_config, one_run_config, preflight
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_run_config(ap)

@@ -27,7 +27,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from .resources import RayHead, free_port, mps, ray_head
+from feddb.resources import RayHead, free_port, mps, ray_head
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -606,9 +606,8 @@ def wait_for(run_id: int, env: dict, follow: bool) -> dict:
 def gpus_per_client(value: str, cfg: dict) -> float:
     """`--gpus-per-client`: a share in [0, 1], or `auto` (feddb.resources)."""
     if value == "auto":
+        from feddb.resources import auto_gpus_per_client
         from fssl.config import clients_per_round
-
-        from .resources import auto_gpus_per_client
 
         share, how = auto_gpus_per_client(cfg, clients_per_round(cfg))
         print(f"[launch] --gpus-per-client auto: {how}", flush=True)

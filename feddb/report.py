@@ -1091,7 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(runs, rows) + embed(figs, labels)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
-    from feddb.reproduce import write_runs
+    from feddb.runlist import write_runs
 
     write_runs(runs, out / "runs.csv")
     print(text)

@@ -432,7 +432,7 @@ def test_a_sign_flip_is_dropped_by_the_loss_check(attacks_on, small_npz, tmp_pat
 def test_the_attack_benchmark_table_reports_the_agreement_filter(tmp_path):
     """`feddb attacks` plans the opt-in agreement filter's runs and reports them against the
     level of node 0 being absent (the NaN run) and against honest runs with the defaults."""
-    from feddb.attackbench import plan, table
+    from benchmarks.attacks import plan, table
 
     runs = plan()
     dirs = {r["dir"] for r in runs}
@@ -483,7 +483,7 @@ def test_the_attack_benchmark_splits_its_runs_between_processes(tmp_path, monkey
     """`--part K/N` runs every N-th planned run; the parts together run each run once, and the
     table is written only when every run is complete."""
     import feddb.inprocess
-    from feddb.attackbench import main, plan
+    from benchmarks.attacks import main, plan
 
     started, overrides = [], []
 

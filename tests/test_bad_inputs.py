@@ -106,7 +106,7 @@ def failing_strategy(tmp: Path) -> Path:
 
 def runs_table(tmp: Path) -> Path:
     """A valid runs.csv with one run (seed 0)."""
-    from feddb.reproduce import FIELDS
+    from feddb.runlist import FIELDS
 
     row = dict.fromkeys(FIELDS, "")
     row.update(regime="cpu", row="fedavg", seed="0", final="90.00", run_config="{}")

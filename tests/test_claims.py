@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
-from feddb import claims
 from server_app.config import compose
+from studies import claims
 
 ROWS = {
     "fedavg": ["method=fedavg"],
@@ -181,8 +181,9 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
     run published from another machine is said to be."""
     from localgrid import run_in_process
 
-    from feddb import reproduce
+    from feddb import runlist
     from feddb.report import load_runs
+    from studies import reproduce
 
     run_dir = tmp_path / "pub" / "cpu" / "npz_dir0.3" / "fixmatch" / "s1"
     run_in_process(
@@ -199,7 +200,7 @@ def test_reproduce_reruns_a_published_run_and_checks_the_tolerance(
     )
     runs = [dict(r, regime="cpu") for r in load_runs([tmp_path / "pub"])]
     table = tmp_path / "runs.csv"
-    reproduce.write_runs(runs, table)
+    runlist.write_runs(runs, table)
     line = next(csv.DictReader(table.open()))
     assert (line["regime"], line["row"], line["dataset"], line["partition"], line["seed"]) == (
         "cpu",
@@ -248,7 +249,8 @@ def test_reproduce_tells_the_same_row_and_seed_apart_by_scenario(tmp_path):
     """The scenarios' runs.csv holds fixmatch seed 0 three times, once per scenario: each line
     says its scenario, --select picks one, and each re-run gets its own folder (they shared one,
     so the second re-run reused the first's result)."""
-    from feddb import reproduce
+    from feddb import runlist
+    from studies import reproduce
 
     runs = []
     for scenario in ("labels_at_clients", "labels_at_server", "labels_at_partial_clients"):
@@ -258,7 +260,7 @@ def test_reproduce_tells_the_same_row_and_seed_apart_by_scenario(tmp_path):
         cfg = {"scenario": {"name": scenario}}
         runs.append({"dir": d, "cfg": cfg, "seed": 0, "final": 0.9, "selected": None})
     table = tmp_path / "runs.csv"
-    reproduce.write_runs(runs, table)
+    runlist.write_runs(runs, table)
     lines = list(csv.DictReader(table.open()))
     chosen = reproduce.select(lines, "scenario=labels_at_server seed=0", [])
     assert [x["scenario"] for x in chosen] == ["labels_at_server"]

@@ -1,6 +1,8 @@
-"""Dependencies point down: feddb -> server_app, client_app -> strategy -> fssl. The core imports
-neither Flower nor the apps; a strategy knows nothing of the apps; the two apps know nothing of
-each other or of the user's tools. Every import counts, including those inside functions."""
+"""Dependencies point down: benchmarks, studies -> feddb -> server_app, client_app -> strategy ->
+fssl. The core imports neither Flower nor the apps; a strategy knows nothing of the apps; the two
+apps know nothing of each other or of the user's tools; the user's tools know nothing of the
+instruments (benchmarks/, studies/), which know nothing of each other. No module imports itself
+through others. Every import counts, including those inside functions."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[1]
 
 # package -> the top-level modules it must never import
+INSTRUMENTS = {"benchmarks", "studies"}
 FORBIDDEN = {
-    "fssl": {"flwr", "strategy", "server_app", "client_app", "feddb"},
-    "strategy": {"server_app", "client_app", "feddb"},
-    "client_app": {"server_app", "feddb"},
-    "server_app": {"client_app", "feddb"},
+    "fssl": {"flwr", "strategy", "server_app", "client_app", "feddb", *INSTRUMENTS},
+    "strategy": {"server_app", "client_app", "feddb", *INSTRUMENTS},
+    "client_app": {"server_app", "feddb", *INSTRUMENTS},
+    "server_app": {"client_app", "feddb", *INSTRUMENTS},
+    "feddb": INSTRUMENTS,
+    "benchmarks": {"studies"},
+    "studies": {"benchmarks"},
 }
 
 
@@ -50,6 +56,86 @@ def test_the_check_sees_upward_imports_anywhere_in_a_file():
     )
     assert imported_modules(source) & FORBIDDEN["fssl"] == {"flwr", "server_app"}
     assert imported_modules("from .config import require\n") == set()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PROJECT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules a file imports (relative ones resolved; `from pkg import mod` is the
+    module when `pkg.mod` is one), inside functions included."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bases = [alias.name for alias in node.names]
+            subs: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            root = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*root, *(node.module.split(".") if node.module else [])])
+            bases, subs = [base], [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        # `from pkg import mod` imports pkg.mod; `from pkg import name` imports pkg
+        out.update(sub for sub in subs if sub in known)
+        if len([sub for sub in subs if sub in known]) < len(subs) or not subs:
+            out.update(base for base in bases if base in known)
+        out.discard(module_name(path))
+    return out
+
+
+def import_circles() -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    files = [p for package in FORBIDDEN for p in sorted((PROJECT / package).rglob("*.py"))]
+    known = {module_name(p) for p in files}
+    graph = {module_name(p): project_imports(p, known) for p in files}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles():
+    assert import_circles() == []
+
+
+def test_the_circle_check_sees_a_circle_through_a_function(tmp_path, monkeypatch):
+    for name, source in {
+        "a.py": "def f():\n    from b import g\n",
+        "b.py": "from a import f\n",
+    }.items():
+        (tmp_path / "fssl" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "fssl" / name).write_text(source.replace("from ", "from fssl."))
+    monkeypatch.setattr(__import__(__name__), "PROJECT", tmp_path)
+    monkeypatch.setattr(__import__(__name__), "FORBIDDEN", {"fssl": set()})
+    assert import_circles() == [["fssl.a", "fssl.b"]]
 
 
 # What a ClientApp process may not load: each is paid again by every message a SuperNode answers

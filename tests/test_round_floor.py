@@ -4,7 +4,13 @@ import json
 
 from torch import nn
 
-from feddb.roundfloor import client_flops, forward_flops, measured_rounds, paper_round, step_flops
+from benchmarks.roundfloor import (
+    client_flops,
+    forward_flops,
+    measured_rounds,
+    paper_round,
+    step_flops,
+)
 from server_app.config import compose
 
 N, CIN, H, W, COUT, K = 6, 3, 8, 8, 4, 3
@@ -64,7 +70,7 @@ def test_a_runs_rounds_count_each_clients_confident_images_from_its_record(tmp_p
     ]
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "clients": clients}) + "\n")
     got = measured_rounds(tmp_path, cfg, test_images=100)["mean_round"]
-    from feddb.roundfloor import model_for
+    from benchmarks.roundfloor import model_for
 
     m, shape = model_for(cfg, "cpu")
     passes = cfg["train"]["local_epochs"] + (cfg["app_u"].get("estimate") != "literal")

@@ -54,7 +54,7 @@ def test_timeline_marks_in_order_and_writes_once(tmp_path, monkeypatch):
 
 
 def test_startup_table_gives_medians_since_the_launcher_and_the_superlink(monkeypatch, capsys):
-    import feddb.startup as st
+    import benchmarks.startup as st
 
     counter = iter(range(10))
 

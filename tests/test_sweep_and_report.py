@@ -412,7 +412,7 @@ def test_a_sweeps_results_do_not_depend_on_how_many_run_at_once(tmp_path):
 
 
 def test_the_throughput_projection_counts_batches_of_concurrent_runs():
-    from feddb.throughput import main, projected_sweep_seconds
+    from benchmarks.throughput import main, projected_sweep_seconds
 
     m = {"startup_seconds": 10.0, "round_seconds": 2.0}
     # 43 runs of 80 rounds: 43 batches one at a time, 22 with two side by side
@@ -423,7 +423,7 @@ def test_the_throughput_projection_counts_batches_of_concurrent_runs():
 
 
 def test_the_floor_counts_a_sweeps_runs_and_a_run_from_three_short_ones(tmp_path):
-    from feddb.floor import counted_flops, run_flops, sweep_rows
+    from benchmarks.floor import counted_flops, run_flops, sweep_rows
 
     rows = sweep_rows(["mnist_miniature", "mnist_miniature_others"])
     assert sum(r["runs"] for r in rows) == 43 and len(rows) == 11

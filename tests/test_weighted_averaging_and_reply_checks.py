@@ -262,7 +262,7 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
 
     from flwr.supercore.object_ref import validate
 
-    from feddb.overhead import FLOOR_APP, FLOOR_PYPROJECT, split
+    from benchmarks.overhead import FLOOR_APP, FLOOR_PYPROJECT, split
 
     rec = {
         "round_seconds": 1.0,
@@ -290,7 +290,7 @@ def test_overhead_split_and_floor_app_are_valid(tmp_path):
 def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
     """`feddb overhead --aggregation`: DMA and the update with the default defences, on the
     strategy's own methods (the norm bound and the agreement filter saw every update)."""
-    from feddb.overhead import aggregation_seconds, main
+    from benchmarks.overhead import aggregation_seconds, main
 
     seconds, robust = aggregation_seconds([], clients=4, repeats=2)
     assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)
@@ -305,7 +305,7 @@ def test_overhead_times_the_servers_aggregation_with_its_defences(capsys):
 def test_overhead_floor_only_takes_the_experiments_federation_and_arrays(capsys):
     """`feddb overhead --floor-only --experiment E`: the echo floor in E's federation (the paper's
     100 nodes, 10 a round) with E's model's arrays (WRN-28-2); a bad preset is one line, exit 2."""
-    from feddb.overhead import federation, main, model_shapes
+    from benchmarks.overhead import federation, main, model_shapes
 
     paper = ["experiment=paper/cifar10_dir0.3"]
     assert federation(paper) == (100, 10)
@@ -320,7 +320,7 @@ def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
     """`feddb overhead --deployment`: the round's parts from metrics.jsonl records (the first
     rounds and the last, its final evaluation, left out), and each app's round against Flower's
     echo floor, pair by pair."""
-    from feddb.deployoverhead import SKIP, report, where
+    from benchmarks.deployoverhead import SKIP, report, where
 
     client = {"setup_seconds": 0.1, "train_seconds": 0.5, "reply_seconds": 0.1}
     records = (
@@ -341,7 +341,7 @@ def test_the_deployment_overhead_report_sets_each_app_against_the_floor():
 def test_the_null_trainer_returns_the_model_it_received_without_a_pass():
     """The deployment benchmark's null trainer: the received model back, a uniform APP-U, and
     none of the data's images read through the model."""
-    from feddb.nulltrainer import NullTrainer
+    from benchmarks.nulltrainer import NullTrainer
     from fssl.train import ClientData
 
     class Untouchable(torch.nn.Module):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import PROJECT
+from feddb.launch import PROJECT
 
 STEPS = (
     ("superlink_start", "SuperLink process started (by `flwr run`)"),

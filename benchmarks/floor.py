@@ -30,7 +30,6 @@ import math
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -119,23 +118,12 @@ def run_flops(run_config: str, tmp: Path) -> dict[str, float]:
     return {"warmup_round": warm_round, "semi_round": semi_round, "run": total, "rounds": rounds}
 
 
-def timed_rate(step, flops: float, repeat: int) -> float:
-    """FLOP/s of `step`, the best of three timings of `repeat` calls after a warm-up call."""
-    step()
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            step()
-        best = min(best, (time.perf_counter() - t0) / repeat)
-    return flops / best
-
-
 def machine_rates(run_config: str) -> dict[str, float]:
     """One thread's fp32 FLOP/s: a 2048^2 matrix multiply, and the model's training step."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from benchmarks.roundfloor import timed_rate
     from feddb.launch import parse_run_config
     from fssl.methods import make_model
     from fssl.runtime import dataset_for
@@ -184,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "--paper-round",
         action="store_true",
         help="instead: a paper round's FLOPs against the device's measured rate for its model "
-        "(feddb/roundfloor.py)",
+        "(benchmarks/roundfloor.py)",
     )
     ap.add_argument("--experiment", default="paper/cifar10_dir0.3", help="--paper-round's preset")
     ap.add_argument("--device", default="cuda", help="--paper-round: where the rate is measured")
@@ -226,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 def paper_round_floor(args: argparse.Namespace) -> int:
     """`--paper-round`: the round's FLOPs (every unlabeled image confident; and a run's rounds),
     the device's rate for the model's training step at each batch, and the two floors."""
-    from feddb import roundfloor
+    from benchmarks import roundfloor
     from server_app.config import compose
 
     try:

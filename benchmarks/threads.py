@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import PROJECT, free_port
+from feddb.launch import PROJECT, free_port
 
 CORES = len(os.sched_getaffinity(0))
 SETTINGS = {  # name -> OMP_NUM_THREADS (None: the rule's choice)
@@ -82,7 +82,7 @@ def run(engine: str, threads: str | None, rounds: int, tmp: Path) -> float:
 def stop_superlink(home: Path) -> None:
     """Stop the processes whose environment carries this FLWR_HOME (the local SuperLink that
     plain `flwr run` started, its SuperExec and simulation)."""
-    from .launch import marked, stop
+    from feddb.launch import marked, stop
 
     stop(marked(str(home), "FLWR_HOME"))
 

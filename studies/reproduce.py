@@ -28,68 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fssl.partition import scenario_of
+from feddb.runlist import DEFAULT_SCENARIO, FIELDS
 
 TOLERANCE = 1.5
-DEFAULT_SCENARIO = "labels_at_clients"
-FIELDS = [
-    "regime",
-    "row",
-    "dataset",
-    "partition",
-    "scenario",
-    "seed",
-    "final",
-    "selected",
-    "commit",
-    "hardware",
-    "run_config",
-]
-
-
-def run_fields(run: dict) -> dict:
-    """One runs.csv line for a run directory in the sweep layout
-    (<out>/<dataset>_<partition>/<row>/s<seed>, the regime one level above when there is one)."""
-    d = Path(run["dir"])
-    dataset, _, partition = d.parent.parent.name.partition("_")
-    rc_file, prov_file = d / "run_config.json", d / "provenance.json"
-    rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
-    prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
-    rc = {k: v for k, v in rc.items() if k not in ("output-dir", "resume") and v != ""}
-    # the same row and seed run in each scenario: the scenario tells their lines apart
-    scenario = scenario_of(run["cfg"])[0] if "cfg" in run else rc.get("scenario", DEFAULT_SCENARIO)
-    return {
-        "regime": run.get("regime", ""),
-        "row": d.parent.name,
-        "dataset": dataset,
-        "partition": partition,
-        "scenario": scenario,
-        "seed": run["seed"],
-        "final": f"{100 * run['final']:.2f}",
-        "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
-        "commit": str(prov.get("commit") or "")[:12],
-        "hardware": prov.get("hardware", ""),
-        "run_config": json.dumps(rc),
-    }
-
-
-def write_runs(runs: list[dict], path: Path) -> None:
-    """runs.csv: every run a table was made from, for `feddb reproduce`."""
-    lines = sorted(
-        (run_fields(r) for r in runs),
-        key=lambda f: (
-            f["regime"],
-            f["scenario"],
-            f["dataset"],
-            f["partition"],
-            f["row"],
-            f["seed"],
-        ),
-    )
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(lines)
 
 
 def select(lines: list[dict], where: str, rows: list[str]) -> list[dict]:

@@ -1,5 +1,5 @@
-"""A method that computes nothing, loaded by path (`method='feddb.nulltrainer:NullTrainer'`): the
-deployment benchmark's null trainer (feddb/deployoverhead.py). Its client returns the model it
+"""A method that computes nothing, loaded by path (`method='benchmarks.nulltrainer:NullTrainer'`): the
+deployment benchmark's null trainer (benchmarks/deployoverhead.py). Its client returns the model it
 received and a uniform APP-U without a step or a pass over its data, so a round of it is the
 project's framework alone: the ClientApp, its set-up (configuration, model, received state,
 data), the reply, the messages and the server's aggregation and recording."""
@@ -13,7 +13,7 @@ import torch
 
 from fssl.methods.supervised import Supervised
 
-SPEC = "feddb.nulltrainer:NullTrainer"
+SPEC = "benchmarks.nulltrainer:NullTrainer"
 
 
 class NullTrainer(Supervised):

@@ -151,11 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the seed of every rung's runs")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
+    from feddb.inprocess import run_in_process
+    from feddb.launch import parse_run_config
+    from feddb.sweep import complete
     from fssl.config import ConfigError
-
-    from .inprocess import run_in_process
-    from .launch import parse_run_config
-    from .sweep import complete
 
     try:
         runs = plan(

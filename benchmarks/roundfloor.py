@@ -15,6 +15,8 @@ only, nothing computed); the rate from timing the model's training step on the d
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,16 @@ def step_rate(cfg: dict[str, Any], device: str, batch: int, repeat: int = 5) -> 
         if bf16:
             torch.cuda.synchronize()
 
-    from feddb.floor import timed_rate
-
     return timed_rate(step, step_flops(model, shape, batch), repeat)
+
+
+def timed_rate(step, flops: float, repeat: int) -> float:
+    """FLOP/s of `step`, the best of three timings of `repeat` calls after a warm-up call."""
+    step()
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            step()
+        best = min(best, (time.perf_counter() - t0) / repeat)
+    return flops / best

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from feddb import factors
-from feddb.factors import device_kind
 from feddb.report import colours, curve_figure, embed, load_runs, out_problem
-from feddb.reproduce import write_runs
+from feddb.runlist import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from server_app.config import compose
 from server_app.recorder import run_summary
+from studies import factors
+from studies.factors import device_kind
 
 # (label, what the number is, larger is better)
 METRICS = [

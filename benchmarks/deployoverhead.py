@@ -3,8 +3,8 @@
 One SuperLink and N SuperNodes on this machine, TLS and SuperNode authentication on (as `feddb
 deploy local`), run on the same nodes, every node every round, one after another:
 - Flower's floor: a ServerApp/ClientApp pair that only sends the model's arrays to the nodes and
-  has them echoed back (feddb/overhead.py's echo pair);
-- the project with the null trainer (feddb/nulltrainer.py, loaded by path: no step and no pass
+  has them echoed back (benchmarks/overhead.py's echo pair);
+- the project with the null trainer (benchmarks/nulltrainer.py, loaded by path: no step and no pass
   over the data) and the global model evaluated only after the last round: the project's
   framework alone;
 - the floor and the null trainer again (pairs taken in turn, so that a drift of this machine's
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .nulltrainer import SPEC as NULL_TRAINER
+from benchmarks.echofloor import FLOOR_APP, FLOOR_PYPROJECT, model_shapes
+from benchmarks.nulltrainer import SPEC as NULL_TRAINER
 
 NULL = "eval.every=1000000"  # with method=NULL_TRAINER: the model evaluated after the last round
 NO_STEP = "train.local_epochs=0"  # no step, but the APP-U pass and the evaluation every round
@@ -41,7 +42,7 @@ def submit_app(dep, app: Path, run_config: str) -> int:
     """`flwr run <app> deploy` against the deployment's SuperLink; the run id."""
     import subprocess
 
-    from .deploy import _bin, _json
+    from feddb.deploy import _bin, _json
 
     res = subprocess.run(
         [_bin("flwr"), "run", str(app), "deploy", "--format", "json", "--run-config", run_config],
@@ -102,8 +103,6 @@ def where(records: list[dict]) -> dict[str, float]:
 
 def floor_rounds(dep, nodes: int, rounds: int, workdir: Path, k: int) -> float:
     """Mean seconds of the echo pair's rounds after SKIP."""
-    from .overhead import FLOOR_APP, FLOOR_PYPROJECT, model_shapes
-
     app = workdir / "floor"
     app.mkdir(exist_ok=True)
     (app / "pyproject.toml").write_text(textwrap.dedent(FLOOR_PYPROJECT))
@@ -117,7 +116,7 @@ def floor_rounds(dep, nodes: int, rounds: int, workdir: Path, k: int) -> float:
 def measure(nodes: int, rounds: int, workdir: Path) -> dict:
     """One deployment: PAIRS of (Flower's echo floor, the null trainer), then the project
     without a step and training."""
-    from .deploy import LocalDeployment, export_data, make_keys
+    from feddb.deploy import LocalDeployment, export_data, make_keys
 
     rc_data = {"overrides": f"fl.num_clients={nodes} fl.fraction_train=1.0"}
     data_files = export_data(rc_data, workdir / "data")

@@ -38,90 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import PROJECT, flwr_run_with_ray_head
+from benchmarks.echofloor import FLOOR_APP, FLOOR_PYPROJECT, model_shapes
+from feddb.launch import PROJECT, flwr_run_with_ray_head
 
 sys.path.insert(0, str(PROJECT))
 
 NODES, PER_ROUND = 20, 10
 SKIP = 2  # rounds left out of the means: Ray workers start, caches fill
-
-FLOOR_APP = '''
-"""Flower's floor: the arrays go to {per_round} nodes a round and come back unchanged."""
-import json
-import time
-
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-
-server = ServerApp()
-client = ClientApp()
-
-
-@client.train()
-def echo(msg: Message, context: Context) -> Message:
-    return Message(RecordDict({{"arrays": msg.content["arrays"]}}), reply_to=msg)
-
-
-@server.main()
-def main(grid: Grid, context: Context) -> None:
-    cfg = context.run_config
-    shapes = json.loads(cfg["shapes"])
-    arrays = ArrayRecord({{k: Array(np.zeros(s, np.float32)) for k, s in shapes.items()}})
-    while len(list(grid.get_node_ids())) < {nodes}:
-        time.sleep(0.1)
-    nodes = sorted(grid.get_node_ids())
-    rng = np.random.default_rng(0)
-    seconds = []
-    for r in range(int(cfg["rounds"])):
-        t0 = time.perf_counter()
-        msgs = [Message(RecordDict({{"arrays": arrays, "config": ConfigRecord({{"round": r}})}}),
-                        dst_node_id=nodes[i], message_type=MessageType.TRAIN)
-                for i in rng.choice(len(nodes), {per_round}, replace=False)]
-        replies = list(grid.send_and_receive(msgs))
-        arrays = replies[0].content["arrays"]
-        seconds.append(time.perf_counter() - t0)
-    with open(cfg["out"], "w") as f:
-        json.dump(seconds, f)
-'''
-
-FLOOR_PYPROJECT = """
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "flowerfloor"
-version = "1.0.0"
-dependencies = ["flwr"]
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "feddb"
-
-[tool.flwr.app.components]
-serverapp = "floorapp:server"
-clientapp = "floorapp:client"
-
-[tool.flwr.app.config]
-rounds = 10
-shapes = ""
-out = ""
-"""
-
-
-def model_shapes(overrides: list[str] | None = None) -> dict[str, list[int]]:
-    """The shapes of the configured model's state (the arrays every message carries)."""
-    from fssl.methods import make_model
-    from server_app.config import compose
-
-    cfg = compose(overrides or [])
-    channels = 1 if cfg["dataset"]["name"] == "mnist10k" else 3
-    model = make_model(cfg, 10, channels)
-    return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 
 def federation(overrides: list[str]) -> tuple[int, int]:
@@ -337,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: a TLS deployment of --nodes SuperNodes on this machine running Flower's "
         "echo floor and the project with a null trainer in turn, then the project without a "
-        "step and training (feddb/deployoverhead.py; --rounds 9 is enough)",
+        "step and training (benchmarks/deployoverhead.py; --rounds 9 is enough)",
     )
     ap.add_argument("--nodes", type=int, default=3, help="--deployment: SuperNodes")
     ap.add_argument(
@@ -383,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.deployment:
-        from .deployoverhead import main as deployment_main
+        from benchmarks.deployoverhead import main as deployment_main
 
         return deployment_main(args.nodes, args.rounds, args.json)
     if args.experiment and not (args.aggregation or args.floor_only):

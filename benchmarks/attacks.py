@@ -135,7 +135,7 @@ def paired(out: Path, a: str, b: str) -> list[tuple[int, float, float]]:
 
 
 def mean_interval(d: list[float]) -> str:
-    from .report import interval95
+    from feddb.report import interval95
 
     if not d:
         return "not run"
@@ -342,10 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(PROJECT))
     from client_app.attacks import ENV
-
-    from .inprocess import run_in_process
-    from .launch import parse_run_config
-    from .sweep import complete
+    from feddb.inprocess import run_in_process
+    from feddb.launch import parse_run_config
+    from feddb.sweep import complete
 
     os.environ[ENV] = "1"  # this process's simulated node 0 may attack
     out = Path(args.out).resolve()
