@@ -211,7 +211,7 @@ def aggregation_seconds(
 
 def floor_only(args: argparse.Namespace) -> int:
     """`--floor-only`: Flower's echo floor in an experiment's federation, with its model's arrays."""
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
 
     overrides = [f"experiment={args.experiment}"] if args.experiment else []
     try:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return floor_only(args)
     if args.aggregation:
         overrides = [f"experiment={args.experiment}"] if args.experiment else []
-        from fssl.config import ConfigError
+        from fssl.checks import ConfigError
 
         try:
             seconds, _ = aggregation_seconds(overrides)

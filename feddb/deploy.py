@@ -548,7 +548,7 @@ class Churn:
     `every` seconds (drawn uniformly) `burst` running nodes (a number drawn uniformly) are killed
     at once, and come back `down` seconds later with the same keys and data files (machines that
     crashed and rebooted); the ServerApp binds a partition whose node came back under a new id
-    before a round (server_app.app.RejoinedNodes).
+    before a round (server_app.nodes.RejoinedNodes).
     Each event, and the resident memory of the SuperLink and the SuperNodes (sampled every 2 s,
     written every 30 s), go to `log` (JSON lines); `stop` returns a one-line summary."""
 
@@ -826,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         for key in make_keys(args.out, args.count):
             print(f"{key} (public: {key.with_suffix('.pub')})")
         return 0
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.data import DataError
 
     try:

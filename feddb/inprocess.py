@@ -52,7 +52,7 @@ class LocalGrid(Grid):
     evaluation); with `overlap` instructions wait in a queue until pulled, as a SuperLink's do, so
     the strategy's overlapped loop (next round out before this one's evaluation) runs too."""
 
-    simulated = True  # the nodes are this app's own ClientApps (server_app.app.simulated)
+    simulated = True  # the nodes are this app's own ClientApps (server_app.nodes.simulated)
 
     def __init__(
         self,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_config(ap)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.data import DataError
     from server_app.rounds import FAILED_EXIT, RunFailed
 

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     # the Ray head started here are stopped on the way out, not left behind
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     sys.path.insert(0, str(PROJECT))
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.data import DataError
     from fssl.profiling import process_start
 
@@ -370,7 +370,7 @@ def preflight(text: str) -> tuple[dict, dict]:
     configuration, the data and the split it must give, a resume directory's checkpoint. Raises
     ConfigError, DataError or ValueError with one line for the user; returns the run-config (paths
     absolute) and the configuration."""
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.data import load_dataset
     from fssl.runtime import partition_for
     from server_app.config import resolve

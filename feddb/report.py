@@ -39,6 +39,9 @@ import numpy as np
 import yaml
 
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
+from fssl.checks import ConfigError
+from fssl.methods import method_class
+from fssl.methods.fixmatch import FixMatch
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
@@ -93,7 +96,7 @@ def variant(cfg: dict[str, Any]) -> str:
 def class_display(m: dict[str, Any]) -> str:
     """A method's class's display name (a method given by path has no YAML), or its name where
     the class no longer loads (its file moved)."""
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.methods import method_class
 
     try:
@@ -187,12 +190,25 @@ def setting_order(settings) -> list[str]:
     return sorted(set(settings), key=key)
 
 
+def fixmatch_client(trainer: Any) -> bool:
+    """FixMatch's client as it is: FixMatch, or a class that only names it anew (FedDB adds DPL
+    and DMA through the configuration, not through a method of its own)."""
+    try:
+        cls = method_class(trainer)
+    except ConfigError:
+        return False
+    if FixMatch not in cls.__mro__:
+        return False
+    line = cls.__mro__[: cls.__mro__.index(FixMatch)]
+    return not any(callable(v) for c in line for k, v in vars(c).items() if not k.startswith("_"))
+
+
 def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
     m = cfg["method"]
     if (
         cfg.get("dpl_prior", "local") != "local"  # the paper's DPL divides by the local prior
-        or m.get("trainer") != "fixmatch"
+        or not fixmatch_client(m.get("trainer"))
         or m.get("strategy", "fedavg") != "fedavg"
         or m.get("pseudo_labels", "round") != "round"
     ):

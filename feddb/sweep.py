@@ -267,7 +267,7 @@ def split_jobs(argv: list[str]) -> tuple[int, list[str]]:
 def row_problem(names: list[str]) -> str | None:
     """Why the rows cannot be swept (an unknown name, a method by path that does not load), or
     None."""
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
     from fssl.methods import method_class
 
     unknown = [r for r in names if not is_method_path(r) and r not in rows()]

@@ -1,4 +1,4 @@
-"""APP-U, debiased pseudo-labeling (DPL) and the semi-supervised loss terms (paper section 4)."""
+"""APP-U and the semi-supervised loss terms (paper section 4); DPL is fssl/methods/dpl.py."""
 
 from __future__ import annotations
 
@@ -18,18 +18,8 @@ def momentum_update(
     return gamma * prior + (1.0 - gamma) * epoch_estimate
 
 
-def debias(probs: torch.Tensor, prior: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """p_hat = normalize(p(y|x) / p_bar), the prior clamped at eps (equation 8)."""
-    scaled = probs / prior.clamp_min(eps)[None, :]
-    return scaled / scaled.sum(dim=1, keepdim=True)
-
-
-def pseudo_label(
-    probs: torch.Tensor, tau: float, prior: torch.Tensor | None = None, eps: float = 1e-6
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hard pseudo-labels and the confidence mask max p >= tau; debiased first when a prior is given."""
-    if prior is not None:
-        probs = debias(probs, prior, eps)
+def pseudo_label(probs: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hard pseudo-labels and the confidence mask max p >= tau (DPL: fssl/methods/dpl.py)."""
     conf, labels = probs.max(dim=1)
     return labels, conf >= tau
 

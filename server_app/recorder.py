@@ -29,7 +29,7 @@ NOTE_KEYS = ("groups", "helpers")
 
 
 def method_notes(notes: dict[str, Any]) -> dict[str, Any]:
-    """What the method's server side noted this round (fssl.methods.MethodServer.notes): NOTE_KEYS
+    """What the method's server side noted this round (fssl.methods.base.MethodServer.notes): NOTE_KEYS
     at the top of the record, anything else under `method_notes`, where it cannot replace a key
     of the record."""
     out: dict[str, Any] = {key: notes.get(key) for key in NOTE_KEYS}

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from fssl.partition import partition_label
 
 DEFAULT_GROUP = "feddb"  # MLflow's experiment without logging.group

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fssl.config import choice, clients_per_round
+from fssl.checks import choice
+from fssl.config import clients_per_round
 
 if TYPE_CHECKING:
     from .base import RoundRecord, ServerSetup, WeightedAverage

@@ -1,6 +1,6 @@
 """Weighted averaging with server momentum, reproducible sampling by partition id, and per-round
 client records. The weights beta are uniform, sample-sized, or chosen by DMA (`dma.enabled`, FedDB);
-the method's server side (fssl.methods.MethodServer) changes how they are applied, what clients
+the method's server side (fssl.methods.base.MethodServer) changes how they are applied, what clients
 receive besides the global model, and what the server keeps between rounds.
 
 Server update (SPEC section 2): buf <- mu * buf + (w - sum_m beta_m w_m); w <- w - s * buf, where
@@ -26,8 +26,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fssl.config import clients_per_round
-from fssl.dma import dma_weights
 from fssl.methods import method_class
+from fssl.methods.dma import dma_weights
 from fssl.train import cosine_lr
 
 from . import contract, robust
@@ -111,7 +111,7 @@ class WeightedAverage(FedAvg):
 
     @property
     def server_step(self) -> str:
-        """labels_at_server: when the server trains on its labels (fssl.methods.MethodServer)."""
+        """labels_at_server: when the server trains on its labels (fssl.methods.base.MethodServer)."""
         return self.method.step
 
     def trusted_sizes(self, metrics: dict[str, Any]) -> tuple[int, int]:

@@ -38,7 +38,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fssl.config import ConfigError, choice, mapping
+from fssl.checks import ConfigError, choice, mapping
 from fssl.methods import method_class
 
 from .base import ServerSetup, WeightedAverage

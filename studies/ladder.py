@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from feddb.inprocess import run_in_process
     from feddb.launch import parse_run_config
     from feddb.sweep import complete
-    from fssl.config import ConfigError
+    from fssl.checks import ConfigError
 
     try:
         runs = plan(

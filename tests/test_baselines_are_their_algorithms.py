@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, make_reply
 
-from fssl.losses import debias
 from fssl.methods import fedmatch, make_model, make_trainer
+from fssl.methods.dpl import debias
 from fssl.methods.fedmatch import FedMatchServer
 from fssl.methods.fedrgd import FedRGDServer
 from fssl.models import build_model

@@ -1,7 +1,8 @@
 import pytest
 
 import fssl.config as rules
-from fssl.config import ConfigError, compose_from_run_config, group_options, run_config_to_overrides
+from fssl.checks import ConfigError
+from fssl.config import compose_from_run_config, group_options, run_config_to_overrides
 from fssl.methods import discover
 from server_app.config import compose, resolve
 
@@ -24,7 +25,8 @@ def test_run_config_keys_are_declared_once_typed_with_confs_defaults():
     conf/'s own, so `flwr run .` with no options runs conf/'s default run."""
     import yaml
 
-    from fssl.config import CONF_DIR, GROUPS, RUN_CONFIG_TARGETS, run_config_defaults
+    from fssl.checks import GROUPS, RUN_CONFIG_TARGETS
+    from fssl.config import CONF_DIR, run_config_defaults
 
     defaults = run_config_defaults()
     assert set(defaults) == set(RUN_CONFIG_TARGETS) | {"overrides", "resume"}
@@ -329,7 +331,8 @@ def test_the_server_takes_one_cpu_thread_unless_it_has_the_machine(monkeypatch):
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     from feddb.inprocess import LocalGrid
-    from server_app.app import server_threads, simulated
+    from server_app.app import server_threads
+    from server_app.nodes import simulated
 
     flower = object.__new__(InMemoryGrid)  # Flower's simulation grid
     local = object.__new__(LocalGrid)  # the in-process runner: sequential

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fssl.dma import dma_loss, dma_weights, project_simplex
+from fssl.methods.dma import dma_loss, dma_weights, project_simplex
 
 
 def skewed_app_u(m=10, k=10, delta=0.3, seed=0):
@@ -106,7 +106,7 @@ def test_capped_exact_is_the_optimum_over_the_capped_simplex():
 
 
 def test_capped_projection_is_the_nearest_feasible_point():
-    from fssl.dma import project_capped_simplex
+    from fssl.methods.dma import project_capped_simplex
 
     rng = np.random.default_rng(2)
     for _ in range(50):
@@ -140,7 +140,7 @@ def test_the_written_out_gradient_is_torchs_autograd(cap):
 
     import torch
 
-    from fssl.dma import _loss_t, cap_scale, softmax_loss_grad
+    from fssl.methods.dma import _loss_t, cap_scale, softmax_loss_grad
 
     rng = np.random.default_rng(3)
     capped = 0

@@ -14,7 +14,7 @@ from localgrid import metrics_without_timing, run_in_process
 
 from client_app.app import app as client_app
 from fssl import checkpoint
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from server_app.config import resolve
 from server_app.rounds import RunFailed
 
@@ -467,7 +467,7 @@ def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
     partition query before the next round, and its partition's instructions go to it; a node that
     names a partition outside the run, holds no data file of its own, or names the partition of a
     node still connected, is left out."""
-    from server_app.app import RejoinedNodes
+    from server_app.nodes import RejoinedNodes
 
     # node -> (partition-id, own-data): 21 takes partition 0, whose node 10 has gone; 24 names
     # partition 2, whose node 12 is still connected, and takes nothing
@@ -493,7 +493,7 @@ def test_a_joining_node_that_answers_late_costs_no_round_more_than_the_wait():
     """In a deployment a joining node's question waits `wait` s within a round, then stays open:
     the node is not asked again while it is, its late answer binds its partition before a later
     round, and a node that named no partition of the run is not asked again until `retry` s."""
-    from server_app.app import RejoinedNodes
+    from server_app.nodes import RejoinedNodes
 
     class Grid:
         def __init__(self):
@@ -537,7 +537,7 @@ def test_the_partition_query_asks_again_a_node_whose_answer_was_lost_or_malforme
     from flwr.app import ConfigRecord as Config
     from flwr.app import Error
 
-    from server_app.app import NodeError, query_nodes
+    from server_app.nodes import NodeError, query_nodes
 
     class Grid:
         def __init__(self, script):
@@ -588,7 +588,7 @@ def test_a_deployment_starts_without_a_node_that_died_while_asked_its_partition(
     from flwr.app import ConfigRecord as Config
     from flwr.app import Error
 
-    from server_app.app import NodeError, bind_partitions
+    from server_app.nodes import NodeError, bind_partitions
     from strategy.base import WeightedAverage
 
     class Grid:

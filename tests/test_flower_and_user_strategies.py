@@ -10,9 +10,9 @@ from conftest import TINY, make_reply
 from flwr.serverapp.strategy import FedAvg, Strategy
 from localgrid import run_in_process
 
-from fssl.config import ConfigError
-from fssl.dma import dma_weights
+from fssl.checks import ConfigError
 from fssl.methods import make_model, make_trainer
+from fssl.methods.dma import dma_weights
 from fssl.runtime import client_data_for, data_meta, dataset_for
 from server_app.config import compose
 from strategy import make_strategy

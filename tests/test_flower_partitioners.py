@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from fssl.data import embedded_candidates
 from fssl.partition import FLOWER_PARTITIONERS, balanced_labeled_split, flower_partition
 from server_app.config import resolve

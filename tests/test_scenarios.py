@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from fssl.data import embedded_candidates
 from fssl.partition import balanced_labeled_split, flower_partition, make_partition
 from server_app.config import resolve

@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord
 
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from fssl.data import DataError, Dataset, split_validation
 from fssl.methods import make_model, make_trainer
 from fssl.metrics import prediction_stats

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from localgrid import run_in_process
 
-from fssl.config import ConfigError
+from fssl.checks import ConfigError
 from server_app.config import compose, resolve
 from server_app.tracking import Tracker, Tracking, TrackingError, mlflow_store
 

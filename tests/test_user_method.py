@@ -17,7 +17,8 @@ import pytest
 import torch
 from conftest import TINY, flower_pids
 
-from fssl.config import ConfigError, run_config_to_overrides
+from fssl.checks import ConfigError
+from fssl.config import run_config_to_overrides
 from fssl.methods import method_class
 from fssl.methods.fixmatch import FixMatch
 from fssl.runtime import client_data_for, data_meta, dataset_for
@@ -181,7 +182,7 @@ def test_a_sweep_runs_a_method_by_path_beside_fixmatch_and_the_report_names_it(t
 
 def test_a_class_whose_hooks_its_base_never_calls_is_refused_and_told_its_base(tmp_path):
     (tmp_path / "wrong.py").write_text(
-        "from fssl.train import LocalTrainer\n\n\n"
+        "from fssl.methods.base import LocalTrainer\n\n\n"
         "class OnLabelsOnly(LocalTrainer):\n"
         "    def select(self, probs, idx, learn, raw=None):\n"
         "        return probs.max(1)[1], probs.max(1)[0]\n\n\n"

@@ -6,7 +6,7 @@ import torch
 from conftest import make_metadata, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fssl.dma import dma_weights
+from fssl.methods.dma import dma_weights
 from server_app.config import compose
 from strategy import WeightedAverage, make_strategy
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fssl.config import number
+from fssl.checks import number
 from fssl.methods.fixmatch import FixMatch
 
 

@@ -1,6 +1,6 @@
 """Methods: one class per algorithm, in one module of this package, registered by name.
 
-A method is a `fssl.train.LocalTrainer` subclass decorated with `@register("<name>")`; its module
+A method is a `fssl.methods.base.LocalTrainer` subclass decorated with `@register("<name>")`; its module
 and `conf/method/<name>.yaml` are all there is to it (docs/methods.md, "Adding a method"). The class
 owns its local training step and hooks, its parameters under `method` (`check_params`), its model
 wrapper (`wrap_model`), what it keeps per client between rounds (`client_state`), its display name,
@@ -20,15 +20,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..config import ConfigError, choice
+from ..checks import ConfigError, choice
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ..train import LocalTrainer
+    from .base import LocalTrainer
 
 METHODS: dict[str, type] = {}  # registered name -> class (the built-in ones once discovered)
 _USER: dict[str, type] = {}  # user paths already loaded
@@ -115,7 +113,7 @@ def _load_user(spec: str) -> type:
             "select and unlabeled_loss)"
             if labelling
             else "fssl.methods.fixmatch.FixMatch for a pseudo-labelling method, "
-            "fssl.train.LocalTrainer for labels-only training"
+            "fssl.methods.base.LocalTrainer for labels-only training"
         )
         raise ConfigError(
             f"method '{spec}': class {cls_name} lacks {', '.join(missing)}; subclass {base} "
@@ -142,7 +140,7 @@ def never_called(cls: type) -> list[str]:
     """The pseudo-labelling hooks a user's class defines that nothing would call: no class in its
     line overrides one of LocalTrainer's callers (a method of this package that does, FixMatch or
     SemiFL, calls `select` in its round; the user's own class may call it from its own)."""
-    line = [c for c in cls.__mro__ if c.__module__ not in ("fssl.train", "builtins")]
+    line = [c for c in cls.__mro__ if c.__module__ not in ("fssl.methods.base", "builtins")]
     if any(name in vars(c) for c in line for name in CALLERS):
         return []
     return [h for h in PSEUDO_LABEL_HOOKS if any(h in vars(c) for c in line)]
@@ -213,48 +211,3 @@ def make_model(cfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Mo
 def display_name(m: dict[str, Any]) -> str:
     """How reports name the method: its YAML's `display`, else its class's."""
     return m.get("display") or method_class(m["trainer"]).display
-
-
-class MethodServer:
-    """A method's server side, without Flower: the strategy (strategy/base.py) asks it how to
-    combine the round's clients, what each client receives besides the global model, and what
-    it keeps. The base is plain averaging with nothing extra. `notes` is the round's record of
-    what the method did (its keys go to metrics.jsonl)."""
-
-    # labels_at_server: when the server trains on its labels. alternate: the aggregate, before it
-    # goes out; parallel: the round's global model while the clients train, then `coefficients`
-    # leaves the weight the clients do not take on that server model
-    step = "alternate"
-    # what it does that a Flower strategy (strategy=<name>) could not do in its place; None: it
-    # does nothing a plain average lacks
-    own_aggregation: str | None = None
-
-    def __init__(self, cfg: dict[str, Any], num_classes: int) -> None:
-        self.cfg, self.num_classes = cfg, num_classes
-        self.notes: dict[str, Any] = {}
-
-    def coefficients(
-        self, server_round: int, metrics: list[dict[str, Any]], weights: np.ndarray
-    ) -> np.ndarray:
-        """Each client's coefficient in the aggregate; what they leave stays on the global (or
-        server) model."""
-        return weights
-
-    def sits_out(self, metrics: dict[str, Any]) -> bool:
-        """Whether a client's update leaves the aggregate (after the warm-up); the others share
-        its weight."""
-        return False
-
-    def records_for(self, pid: int, server_round: int) -> dict[str, dict[str, np.ndarray]]:
-        """Named arrays a client receives with its train instruction, besides the global model."""
-        return {}
-
-    def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
-        """Caches built from the round's valid replies (arrays, metrics, app_u each)."""
-
-    def state(self) -> dict[str, dict[str, np.ndarray]]:
-        """Arrays a checkpoint keeps (merged into the strategy's)."""
-        return {}
-
-    def load_state(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
-        pass

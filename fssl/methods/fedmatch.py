@@ -53,11 +53,11 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .. import augment
-from ..config import choice, integer, number
-from ..losses import debias
+from ..checks import choice, integer, number
 from ..sgd import SGD
-from ..train import LocalTrainer
-from . import MethodServer, make_model, register
+from . import make_model, register
+from .base import LocalTrainer, MethodServer
+from .dpl import debias
 
 HELPER_PREFIX = "helper_"  # the helpers' psi arrays go out as helper_0, helper_1, ...
 

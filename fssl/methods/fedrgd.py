@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import integer
-from . import MethodServer, register
+from ..checks import integer
+from . import register
+from .base import MethodServer
 from .fixmatch import FixMatch
 
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from .. import augment
 from ..losses import masked_ce
-from ..train import LocalTrainer
 from . import register
+from .base import LocalTrainer
 
 
 @register("fixmatch")

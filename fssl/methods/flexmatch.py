@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..config import boolean
+from ..checks import boolean
 from . import register
 from .fixmatch import FixMatch
 

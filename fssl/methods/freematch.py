@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config import number
+from ..checks import number
 from . import register
 from .fixmatch import FixMatch
 

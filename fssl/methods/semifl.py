@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from .. import augment
-from ..config import boolean, number
+from ..checks import boolean, number
 from ..losses import mix_ce, mixup
-from ..train import LocalTrainer
-from . import MethodServer, register
+from . import register
+from .base import LocalTrainer, MethodServer
 
 
 class SemiFLServer(MethodServer):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..config import number
+from ..checks import number
 from . import register
 from .fixmatch import FixMatch
 

@@ -3,8 +3,8 @@ unlabeled data only feed APP-U, which every method ships)."""
 
 from __future__ import annotations
 
-from ..train import LocalTrainer
 from . import register
+from .base import LocalTrainer
 
 
 @register("supervised")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .sgd import SGD
+from ..sgd import SGD
 
 
 @dataclass
