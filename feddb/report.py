@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from feddb.rows import display_order, variant_name
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.checks import ConfigError
 from fssl.methods import method_class
@@ -45,30 +46,6 @@ from fssl.methods.fixmatch import FixMatch
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
 from strategy.flower import FLOWER
-
-# the display names of runs saved before each method's YAML carried its `display`
-NAMES = {
-    "fedavg": "FedAvg",
-    "fixmatch": "FixMatch",
-    "fedmatch": "FedMatch",
-    "fedrgd": "FedRGD",
-    "semifl": "SemiFL",
-    "feddb": "FedDB",
-}
-ORDER = [
-    "FedAvg",
-    "FixMatch",
-    "FedMatch",
-    "FedRGD",
-    "SemiFL",
-    "SemiFL (static BN)",
-    "FixMatch-FedDPL",
-    "FedMatch-FedDPL",
-    "FedRGD-FedDPL",
-    "SemiFL-FedDPL",
-    "FedDB",
-]
-
 
 STRATEGY_NAMES = {"method": "the method's own (project)", **FLOWER}
 
@@ -93,32 +70,17 @@ def variant(cfg: dict[str, Any]) -> str:
     return name
 
 
-def class_display(m: dict[str, Any]) -> str:
-    """A method's class's display name (a method given by path has no YAML), or its name where
-    the class no longer loads (its file moved)."""
-    from fssl.checks import ConfigError
-    from fssl.methods import method_class
-
-    try:
-        return str(method_class(m["trainer"]).display)
-    except (ConfigError, KeyError):
-        return str(m["name"])
-
-
 def local_variant(cfg: dict[str, Any]) -> str:
     """The row name without the server strategy: the clients' method and switches."""
     m = cfg["method"]
-    name = m.get("display") or NAMES.get(m["name"]) or class_display(m)
-    dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
-    if dpl != bool(m["dpl"]):
-        name += "-FedDPL" if dpl and m["name"] != "feddb" else (" w/o DPL" if not dpl else "")
-    if dpl and cfg.get("dpl_prior", "local") == "global":
-        name += " (global prior)"
-    if dma != bool(m["dma"]):
-        name += "+DMA" if dma else " w/o DMA"
+    name = variant_name(m, bool(cfg["dpl"]), bool(cfg["dma"]["enabled"]), prior_of(cfg))
     if m.get("static_bn") and cfg["model"]["norm"] == "bn":  # SemiFL as published: its own row
         name += " (static BN)"
     return name
+
+
+def prior_of(cfg: dict[str, Any]) -> str:
+    return cfg.get("dpl_prior", "local")  # runs saved before it: local
 
 
 DATASETS = {"cifar10": "CIFAR10", "svhn": "SVHN", "cifar100": "CIFAR100", "mnist10k": "MNIST-10k"}
@@ -207,7 +169,7 @@ def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     """(DPL, DMA) for runs of FedDB's client (FixMatch, pseudo-labels once per round, averaging)."""
     m = cfg["method"]
     if (
-        cfg.get("dpl_prior", "local") != "local"  # the paper's DPL divides by the local prior
+        prior_of(cfg) != "local"  # the paper's DPL divides by the local prior
         or not fixmatch_client(m.get("trainer"))
         or m.get("strategy", "fedavg") != "fedavg"
         or m.get("pseudo_labels", "round") != "round"
@@ -426,7 +388,8 @@ def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
 
 
 def variant_rank(name: str) -> tuple[int, str]:
-    return ORDER.index(name) if name in ORDER else len(ORDER), name
+    order = display_order()
+    return order.index(name) if name in order else len(order), name
 
 
 def variant_order(names) -> list[str]:

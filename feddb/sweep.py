@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from feddb.rows import table
 from server_app.rounds import FAILURE
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -47,18 +48,9 @@ STATUS = "sweep_status.jsonl"
 
 
 def rows() -> dict[str, str]:
-    """Row name -> run-config: every method of conf/method/ by its name with its defaults, then
-    every section of conf/comparison/*.yaml (the paper's methods and ablation, the strategy
-    comparison), so that a new method is a row without an entry there."""
-    out = {
-        p.stem: f"method='{p.stem}'"
-        for p in sorted((PROJECT / "conf" / "method").glob("*.yaml"))
-        if p.stem != "custom"  # a user's method: `method='pkg.module:Class'`, not a row
-    }
-    for path in sorted((PROJECT / "conf" / "comparison").glob("*.yaml")):
-        for section in yaml.safe_load(path.read_text()).values():
-            out.update(section)
-    return out
+    """Row name -> run-config, from the one table of runs (feddb/rows.py): every method of
+    conf/method/ by its name, then every row of conf/comparison/*.yaml."""
+    return {name: row.run_config() for name, row in table().items()}
 
 
 def is_method_path(row: str) -> bool:

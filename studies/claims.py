@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from feddb.report import colours, curve_figure, embed, load_runs, out_problem
+from feddb.rows import Row, method_yaml, table
 from feddb.runlist import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
+from fssl.methods import method_class
 from server_app.config import compose
 from server_app.recorder import run_summary
 from studies import factors
@@ -77,31 +79,45 @@ CLAIMS = {
     ],
 }
 ALPHA = 0.05  # family-wise error rate of each regime's verdicts (Holm)
-ORDER = [
-    "FedAvg",
-    f"FixMatch, {UNIFORM}",
-    f"FixMatch, {SIZES}",
-    f"FixMatch-FedDPL, {UNIFORM}",
-    f"FixMatch-FedDPL, {SIZES}",
-    "FedDB w/o DPL",
-    "FedDB",
-    "FedDB, literal DMA",
-]
+# the study's rows (conf/comparison/paper.yaml), in the tables' order: FedDB's FixMatch client
+# with and without DPL and DMA, and labels-only FedAvg
+ROWS = ("fedavg", "fixmatch", "fixmatch-feddpl", "feddb-without-dpl", "feddb", "feddb-literal-dma")
+
+
+def switches(row: Row) -> tuple[bool, bool, str | None]:
+    """A row's (DPL, DMA, DMA's mode) as it runs."""
+    m = method_yaml(row.method)
+    dpl = bool(m.get("dpl")) if row.dpl is None else row.dpl
+    dma = bool(m.get("dma")) if row.dma is None else row.dma
+    modes = [o.split("=", 1)[1] for o in row.overrides.split() if o.startswith("dma.mode=")]
+    return dpl, dma, (modes[-1] if modes else "softmax") if dma else None
+
+
+def labels() -> list[str]:
+    """The study's labels in order: a row's display name, and for FixMatch's client without DMA
+    one label for each weighting it averages with instead."""
+    out = []
+    for name in ROWS:
+        row = table()[name]
+        if name == ROWS[0] or switches(row)[1]:
+            out.append(row.display)
+        else:
+            out += [f"{row.display}, {w}" for w in (UNIFORM, SIZES)]
+    return out
 
 
 def label(cfg: dict[str, Any]) -> str:
-    """What a run ran: labels-only FedAvg, FedDB's client with or without DPL and DMA, and for
-    the runs without DMA the weighting they average with instead."""
-    if cfg["method"]["trainer"] == "supervised":
-        return "FedAvg"
+    """What a run ran: labels-only FedAvg, or the study's row whose DPL, DMA and DMA mode it ran
+    (FedDB's FixMatch client), with the weighting for the runs without DMA."""
+    if not method_class(cfg["method"]["trainer"]).uses_unlabeled:
+        return table()[ROWS[0]].display
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
+    ran = (dpl, dma, cfg["dma"].get("mode", "softmax") if dma else None)
+    row = next(table()[n] for n in ROWS[1:] if switches(table()[n]) == ran)
     if dma:
-        mode = cfg["dma"].get("mode", "softmax")
-        return ("FedDB" if dpl else "FedDB w/o DPL") + (
-            "" if mode == "softmax" else f", {mode} DMA"
-        )
+        return row.display
     weighting = UNIFORM if cfg["server"]["weighting"] == "uniform" else SIZES
-    return f"FixMatch{'-FedDPL' if dpl else ''}, {weighting}"
+    return f"{row.display}, {weighting}"
 
 
 def setting_of(cfg: dict[str, Any]) -> str:
@@ -410,7 +426,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
             "rounds, % | APP-U moved by local training (L1) | collapsed |",
             "|---" * 10 + "|",
         ]
-        for var in ordered((r["variant"] for r in rs), ORDER):
+        for var in ordered((r["variant"] for r in rs), labels()):
             v = [r for r in rs if r["variant"] == var]
             moved = [r["app_u_moved"] for r in v if r["app_u_moved"] is not None]
             out.append(

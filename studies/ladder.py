@@ -25,13 +25,17 @@ import json
 import sys
 from pathlib import Path
 
+from feddb import rows
+
 PROJECT = Path(__file__).resolve().parents[1]
-METHODS = {
-    "labels only": "method='fedavg'",
-    "FixMatch": "method='fixmatch'",
-    "FixMatch-FedDPL": "method='fixmatch' dpl=true",
-    "FedDB": "method='feddb'",
-}
+ROWS = ("fedavg", "fixmatch", "fixmatch-feddpl", "feddb")  # of conf/comparison/paper.yaml
+
+
+def methods() -> dict[str, str]:
+    """The ladder's rows by display name -> run-config (the table of runs, feddb/rows.py)."""
+    return {rows.table()[n].display: rows.table()[n].run_config() for n in ROWS}
+
+
 CENTRAL = "fl.num_clients=1 fl.fraction_train=1.0 fl.min_train_clients=1 checkpoint.every=0"
 MODES = {
     "minibatch": "train.mode=minibatch train.local_epochs=1 train.local_steps=250 "
@@ -55,20 +59,20 @@ def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
         if rung == "central":
             for n in labels:
                 for mode in modes:
-                    for name in ("labels only", "FixMatch"):
+                    for name in list(methods())[:2]:  # labels only, FixMatch
                         runs.append(
                             {
                                 "rung": f"central, {mode}",
                                 "labels": n,
                                 "method": name,
                                 "dir": f"central_{mode}_l{n}/{name.replace(' ', '_')}",
-                                "run_config": f"{METHODS[name]} experiment='miniature' "
+                                "run_config": f"{methods()[name]} experiment='miniature' "
                                 f"partition='iid' overrides='{CENTRAL} {MODES[mode]} "
                                 f"dataset.num_labeled={n}'",
                             }
                         )
         elif rung in FEDERATED:
-            for name, rc in METHODS.items():
+            for name, rc in methods().items():
                 runs.append(
                     {
                         "rung": f"federated, {rung}",
@@ -86,7 +90,7 @@ def plan(rungs: list[str], labels: list[int], modes: list[str]) -> list[dict]:
                         "labels": 100,
                         "method": f"FixMatch, {change}",
                         "dir": f"protocol/{i}",
-                        "run_config": f"{METHODS['FixMatch']} experiment='miniature' "
+                        "run_config": f"{rows.table()['fixmatch'].run_config()} experiment='miniature' "
                         f"partition='dir0.3'" + (f" overrides='{ov}'" if ov else ""),
                     }
                 )

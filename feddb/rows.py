@@ -1,0 +1,137 @@
+"""The one table of runs (conf/comparison/*.yaml): a row is a name and what it runs, the method,
+DPL, DMA, DPL's prior, the server strategy, other overrides, and its display name. Sweeps run
+rows by name; `feddb report` and the claims study name and order runs by it; the ladder picks its
+rows from it. Every method of conf/method/ is a row by its own name, so a new method needs no
+entry; display names come from the methods' YAML (else their class)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fssl.checks import ConfigError
+from fssl.methods import method_class
+
+PROJECT = Path(__file__).resolve().parents[1]
+TABLE = PROJECT / "conf" / "comparison"
+METHODS = PROJECT / "conf" / "method"
+FIELDS = ("method", "dpl", "dma", "prior", "strategy", "overrides", "display")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    method: str
+    dpl: bool | None = None  # None: the method's own
+    dma: bool | None = None
+    prior: str | None = None  # what DPL divides by: local (the paper's) | global
+    strategy: str | None = None
+    overrides: str = ""
+    shown: str | None = None  # the table's display name; None: made from the switches
+
+    def run_config(self) -> str:
+        """The row as a Flower run-config."""
+        parts = [f"method='{self.method}'"]
+        for key, value in (("dpl", self.dpl), ("dma", self.dma)):
+            if value is not None:
+                parts.append(f"{key}={str(value).lower()}")
+        if self.strategy:
+            parts.append(f"strategy='{self.strategy}'")
+        prior = f"dpl_prior={self.prior}" if self.prior else ""
+        overrides = " ".join(filter(None, (prior, self.overrides)))
+        if overrides:
+            parts.append(f"overrides='{overrides}'")
+        return " ".join(parts)
+
+    @property
+    def display(self) -> str:
+        if self.shown:
+            return self.shown
+        m = method_yaml(self.method)
+        dpl = bool(m.get("dpl")) if self.dpl is None else self.dpl
+        dma = bool(m.get("dma")) if self.dma is None else self.dma
+        return variant_name(m, dpl, dma, self.prior or "local")
+
+
+def method_yaml(name: str) -> dict[str, Any]:
+    """A method's `method:` block (conf/method/<name>.yaml); for a method by path, its name as
+    the trainer (its class gives the display name)."""
+    path = METHODS / f"{name}.yaml"
+    if ":" not in name and path.is_file():
+        return yaml.safe_load(path.read_text())["method"]
+    return {"name": name, "trainer": name, "display": None, "dpl": False, "dma": False}
+
+
+def method_display(m: dict[str, Any]) -> str:
+    """A method's display name: its configuration's, else its YAML's (runs saved before the
+    configuration carried one), else its class's, else its name (a class that no longer loads)."""
+    if m.get("display"):
+        return str(m["display"])
+    path = METHODS / f"{m.get('name')}.yaml"
+    if path.is_file():
+        shown = yaml.safe_load(path.read_text())["method"].get("display")
+        if shown:
+            return str(shown)
+    try:
+        return str(method_class(m["trainer"]).display)
+    except (ConfigError, KeyError):
+        return str(m.get("name"))
+
+
+def variant_name(m: dict[str, Any], dpl: bool, dma: bool, prior: str = "local") -> str:
+    """A method's display name with the switches that differ from its defaults: "FixMatch-FedDPL",
+    "FedDB w/o DPL", "FedDB w/o DMA", "FixMatch+DMA", "... (global prior)"."""
+    name = method_display(m)
+    if dpl != bool(m.get("dpl")):
+        name += "-FedDPL" if dpl else " w/o DPL"
+    if dpl and prior == "global":
+        name += " (global prior)"
+    if dma != bool(m.get("dma")):
+        name += "+DMA" if dma else " w/o DMA"
+    return name
+
+
+@cache
+def table() -> dict[str, Row]:
+    """Every row by name, in the table's order: conf/comparison/paper.yaml's `methods`, the
+    methods of conf/method/ not listed there, then every other section of every file."""
+    sections: list[dict[str, dict]] = []
+    for path in sorted(TABLE.glob("*.yaml")):
+        sections += list((yaml.safe_load(path.read_text()) or {}).values())
+    rows: dict[str, Row] = {}
+    for i, section in enumerate(sections):
+        for name, spec in section.items():
+            rows[name] = row_of(name, spec)
+        if i == 0:  # the paper's methods, then every other method by its own name
+            for path in sorted(METHODS.glob("*.yaml")):
+                if path.stem != "custom" and path.stem not in rows:
+                    rows[path.stem] = Row(path.stem, path.stem)
+    return rows
+
+
+def row_of(name: str, spec: dict[str, Any]) -> Row:
+    unknown = sorted(set(spec) - set(FIELDS))
+    if unknown or "method" not in spec:
+        raise ValueError(
+            f"conf/comparison row '{name}': keys {unknown or ['method (missing)']}; "
+            f"a row has {', '.join(FIELDS)}"
+        )
+    return Row(
+        name,
+        str(spec["method"]),
+        spec.get("dpl"),
+        spec.get("dma"),
+        spec.get("prior"),
+        spec.get("strategy"),
+        str(spec.get("overrides") or ""),
+        spec.get("display"),
+    )
+
+
+def display_order() -> list[str]:
+    """Display names in the table's order: how tables sort their rows."""
+    return list(dict.fromkeys(row.display for row in table().values()))

@@ -1,0 +1,81 @@
+"""The one table of runs (feddb/rows.py, conf/comparison/*.yaml): every registered method is in
+it with its display name, every tool reads it, and no other code lists methods with switches."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from feddb.report import local_variant
+from feddb.rows import Row, display_order, row_of, table
+from feddb.sweep import rows as sweep_rows
+from fssl.methods import discover
+from server_app.config import compose
+from studies import claims, ladder
+
+PROJECT = Path(__file__).resolve().parents[1]
+TOOLS = ("feddb", "studies", "benchmarks", "server_app", "client_app", "strategy", "fssl")
+
+
+def test_every_registered_method_is_a_row_with_its_display_name():
+    trainers = {
+        yaml.safe_load(p.read_text())["method"]["trainer"]: p.stem
+        for p in (PROJECT / "conf" / "method").glob("*.yaml")
+        if p.stem != "custom"
+    }
+    order = display_order()
+    for name in discover():
+        assert name in trainers, f"no conf/method YAML trains with {name}"
+        row = table()[trainers[name]]
+        assert row.display in order, f"{name} is not in the reports' order"
+    assert {"FedDB", "SoftMatch", "FlexMatch", "FreeMatch", "DebiasPL"} <= set(order)
+
+
+@pytest.mark.parametrize("name", ["fixmatch-feddpl", "feddb-without-dma", "fixmatch-feddpl-global"])
+def test_a_rows_display_name_is_what_the_report_calls_its_runs(name):
+    row = table()[name]
+    cfg = compose(
+        [f"method={row.method}"]
+        + ([f"dpl={str(row.dpl).lower()}"] if row.dpl is not None else [])
+        + ([f"dma.enabled={str(row.dma).lower()}"] if row.dma is not None else [])
+        + ([f"dpl_prior={row.prior}"] if row.prior else [])
+    )
+    assert local_variant(cfg) == row.display
+
+
+def test_sweeps_claims_and_the_ladder_read_the_table():
+    assert sweep_rows()["fixmatch-feddpl-global"] == table()["fixmatch-feddpl-global"].run_config()
+    assert table()["fixmatch-feddpl-global"].run_config() == (
+        "method='fixmatch' dpl=true overrides='dpl_prior=global'"
+    )
+    assert set(claims.ROWS) | set(ladder.ROWS) <= set(table())
+    assert list(ladder.methods().values())[2] == "method='fixmatch' dpl=true"
+    labels = claims.labels()
+    for pairs in claims.CLAIMS.values():  # every claim compares rows the study runs
+        for a, b in pairs:
+            for lab in (a, b):
+                lab = lab.replace(claims.NATIVE, claims.UNIFORM).replace(claims.OTHER, claims.SIZES)
+                assert lab in labels, lab
+
+
+def test_a_row_with_an_unknown_key_is_refused_naming_it():
+    with pytest.raises(ValueError, match="row 'x': keys \\['dlp'\\]"):
+        row_of("x", {"method": "fixmatch", "dlp": True})
+    assert Row("y", "fixmatch", dpl=True, strategy="krum").run_config() == (
+        "method='fixmatch' dpl=true strategy='krum'"
+    )
+
+
+def test_no_other_code_lists_methods_with_their_switches():
+    """A run-config naming a method and DPL or DMA outside the table is a second table."""
+    pattern = re.compile(r"method='[\w-]+'[^\"\n]*\b(dpl|dma)=(true|false)")
+    found = [
+        f"{p.relative_to(PROJECT)}"
+        for top in TOOLS
+        for p in (PROJECT / top).rglob("*.py")
+        if pattern.search(p.read_text())
+    ]
+    assert found == []
