@@ -306,7 +306,11 @@ def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any
     known = {v for pair in pairs for v in pair}
     for v in sorted(names - known):  # other methods, and DPL with the global prior
         base = v.removesuffix(" (global prior)")
-        refs = [base, base.removesuffix("-FedDPL")] if base != v else ["FedAvg", "FixMatch"]
+        refs = (
+            [base, base.removesuffix("-FedDPL")]
+            if base != v
+            else ["FedAvg", "FixMatch", "FixMatch (online)"]  # the online labellers' reference
+        )
         if base == v and v.endswith("-FedDPL"):
             refs = [v.removesuffix("-FedDPL")]
         pairs += [(v, ref) for ref in refs if ref != v]

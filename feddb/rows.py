@@ -51,7 +51,11 @@ class Row:
     def display(self) -> str:
         if self.shown:
             return self.shown
-        m = method_yaml(self.method)
+        m = dict(method_yaml(self.method))
+        for override in self.overrides.split():  # e.g. method.pseudo_labels=online
+            key, _, value = override.partition("=")
+            if key == "method.pseudo_labels":
+                m["pseudo_labels"] = value
         dpl = bool(m.get("dpl")) if self.dpl is None else self.dpl
         dma = bool(m.get("dma")) if self.dma is None else self.dma
         return variant_name(m, dpl, dma, self.prior or "local")
@@ -84,8 +88,14 @@ def method_display(m: dict[str, Any]) -> str:
 
 def variant_name(m: dict[str, Any], dpl: bool, dma: bool, prior: str = "local") -> str:
     """A method's display name with the switches that differ from its defaults: "FixMatch-FedDPL",
-    "FedDB w/o DPL", "FedDB w/o DMA", "FixMatch+DMA", "... (global prior)"."""
+    "FedDB w/o DPL", "FedDB w/o DMA", "FixMatch+DMA", "... (global prior)", and "FixMatch
+    (online)" where `m` labels at another time than its method's YAML says."""
     name = method_display(m)
+    path = METHODS / f"{m.get('name')}.yaml"
+    own = yaml.safe_load(path.read_text())["method"] if path.is_file() else {}
+    timing = m.get("pseudo_labels")
+    if timing and own.get("pseudo_labels") and timing != own["pseudo_labels"]:
+        name += " (online)" if timing == "online" else " (once a round)"
     if dpl != bool(m.get("dpl")):
         name += "-FedDPL" if dpl else " w/o DPL"
     if dpl and prior == "global":

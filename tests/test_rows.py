@@ -34,7 +34,9 @@ def test_every_registered_method_is_a_row_with_its_display_name():
     assert {"FedDB", "SoftMatch", "FlexMatch", "FreeMatch", "DebiasPL"} <= set(order)
 
 
-@pytest.mark.parametrize("name", ["fixmatch-feddpl", "feddb-without-dma", "fixmatch-feddpl-global"])
+@pytest.mark.parametrize(
+    "name", ["fixmatch-feddpl", "feddb-without-dma", "fixmatch-feddpl-global", "fixmatch-online"]
+)
 def test_a_rows_display_name_is_what_the_report_calls_its_runs(name):
     row = table()[name]
     cfg = compose(
@@ -42,8 +44,10 @@ def test_a_rows_display_name_is_what_the_report_calls_its_runs(name):
         + ([f"dpl={str(row.dpl).lower()}"] if row.dpl is not None else [])
         + ([f"dma.enabled={str(row.dma).lower()}"] if row.dma is not None else [])
         + ([f"dpl_prior={row.prior}"] if row.prior else [])
+        + row.overrides.split()
     )
     assert local_variant(cfg) == row.display
+    assert table()["fixmatch-online"].display == "FixMatch (online)"  # not FixMatch's row
 
 
 def test_sweeps_claims_and_the_ladder_read_the_table():
@@ -79,3 +83,16 @@ def test_no_other_code_lists_methods_with_their_switches():
         if pattern.search(p.read_text())
     ]
     assert found == []
+
+
+def test_an_online_labeller_is_paired_with_fixmatch_labelling_online():
+    from feddb.report import paired
+
+    runs = [
+        {"setting": "δ=0.3", "variant": v, "seed": s, "final": acc + s / 100, "collapsed": False}
+        for v, acc in (("FixMatch", 0.90), ("FixMatch (online)", 0.91), ("SoftMatch", 0.93))
+        for s in range(3)
+    ]
+    pairs = {(p["a"], p["b"]) for p in paired(runs)}
+    assert {("SoftMatch", "FixMatch (online)"), ("SoftMatch", "FixMatch")} <= pairs
+    assert ("FixMatch (online)", "FixMatch") in pairs
