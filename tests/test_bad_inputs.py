@@ -1,5 +1,5 @@
 """Every bad input gets one clear line and exit 2 before any process starts, names the key or file,
-and leaves the run directory as it was. The table in docs/running.md ("Bad input") is this test's
+and leaves the run directory as it was. The table in docs/running/bad_inputs.md is this test's
 table; `FEDDB_WRITE_DOCS=1 pytest tests/test_bad_inputs.py` writes it there after a change."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from feddb.inprocess import main as local_main
 from feddb.launch import main as run_main
 
 PROJECT = Path(__file__).resolve().parents[1]
-DOC = PROJECT / "docs" / "running.md"
+DOC = PROJECT / "docs" / "running" / "bad_inputs.md"
 BEGIN, END = "<!-- bad-inputs: begin -->", "<!-- bad-inputs: end -->"
 
 
@@ -563,7 +563,9 @@ def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, c
         ]
     )
     text = DOC.read_text()
-    assert BEGIN in text and END in text, f"docs/running.md lost its {BEGIN} ... {END} markers"
+    assert BEGIN in text and END in text, (
+        f"docs/running/bad_inputs.md lost its {BEGIN} ... {END} markers"
+    )
     head, rest = text.split(BEGIN)
     current, tail = rest.split(END)
     if os.environ.get("FEDDB_WRITE_DOCS") == "1":
@@ -572,5 +574,5 @@ def test_the_bad_input_table_in_the_docs_is_this_tests_table(tmp_path_factory, c
     current = current.strip()
     assert len(rows) >= 80
     assert current == table, (
-        "docs/running.md's table is stale: FEDDB_WRITE_DOCS=1 pytest " + __file__
+        "docs/running/bad_inputs.md's table is stale: FEDDB_WRITE_DOCS=1 pytest " + __file__
     )
