@@ -96,3 +96,20 @@ def test_an_online_labeller_is_paired_with_fixmatch_labelling_online():
     pairs = {(p["a"], p["b"]) for p in paired(runs)}
     assert {("SoftMatch", "FixMatch (online)"), ("SoftMatch", "FixMatch")} <= pairs
     assert ("FixMatch (online)", "FixMatch") in pairs
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/methods.md"])
+def test_the_docs_name_every_registered_method(page):
+    """The pages that list the methods keep up with the registry: a new method is named there."""
+    text = (PROJECT / page).read_text()
+    trainers = {
+        yaml.safe_load(p.read_text())["method"]["trainer"]: p.stem
+        for p in (PROJECT / "conf" / "method").glob("*.yaml")
+        if p.stem != "custom"
+    }
+    missing = [
+        table()[trainers[name]].display
+        for name in discover()
+        if table()[trainers[name]].display not in text
+    ]
+    assert missing == [], f"{page} does not name {missing}"
