@@ -251,3 +251,22 @@ def test_the_scanner_sees_what_it_should():
     assert [m.group("path") for m in TOP_DOC.finditer(line)] == ["SPEC_NOPE.md"]
     assert _slug("The paper's claims, tested") == "the-papers-claims-tested"
     assert _slug("Configuration (`conf/`)") == "configuration-conf"
+
+
+# Pages a project command writes (feddb claims, feddb report, tests/test_bad_inputs.py): apart
+# from the word budget, which is for the pages people write.
+GENERATED = {
+    "docs/claims/claims.md",
+    "docs/running/bad_inputs.md",
+    *(f"docs/{d}/results.md" for d in ("methods_study", "miniature", "partitioners")),
+    *(f"docs/{d}/results.md" for d in ("scenarios", "strategies")),
+}
+
+
+def test_the_docs_stay_reference_pages_within_their_word_budget():
+    """README ≤ 900 words; README and every hand-written page under docs/ ≤ 20,000 together."""
+    pages = [p for p in _markdown_files() if p.relative_to(ROOT).as_posix() not in GENERATED]
+    words = {p.relative_to(ROOT).as_posix(): len(p.read_text().split()) for p in pages}
+    assert words["README.md"] <= 900, words["README.md"]
+    assert sum(words.values()) <= 20_000, sorted(words.items(), key=lambda kv: -kv[1])[:5]
+    assert all((ROOT / g).is_file() for g in GENERATED)  # the list names real pages
