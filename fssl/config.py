@@ -26,6 +26,7 @@ from .checks import (
     numbers,
     path_string,
 )
+from .methods import check_method, fill_defaults, method_class
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PYPROJECT = CONF_DIR.parent / "pyproject.toml"
@@ -134,8 +135,6 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
                     f"override {item!r} adds `{name[2:]}`, a key the configuration does not "
                     "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md"
                 ) from None
-    from .methods import fill_defaults
-
     fill_defaults(data["method"])
     validate(data)
     return data
@@ -415,8 +414,6 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "dataset.num_labeled", low=1)
     integer(cfg, "dataset.val_size", "dataset.val_seed", low=0, default=0)
 
-    from .methods import check_method  # the methods import this module's checks
-
     check_method(cfg["method"])
 
     boolean(cfg, "logging.tensorboard")
@@ -499,8 +496,6 @@ def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
             "method.static_bn=false (running statistics), or scenario=labels_at_server"
         )
     rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
-    from .methods import method_class
-
     semi = method_class(cfg["method"]["trainer"]).uses_unlabeled
     if cfg["dpl"] and not semi:
         raise ConfigError(
@@ -557,8 +552,6 @@ def apply_defence_scope(cfg: dict[str, Any], untrusted_nodes: bool) -> list[str]
 def warmup_note(cfg: dict[str, Any]) -> str | None:
     """What to say before a run of a semi-supervised method whose rounds all fall inside the
     labels-only warm-up (it would train on labels alone), or None."""
-    from .methods import method_class
-
     rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
     if warmup < rounds or not method_class(cfg["method"]["trainer"]).uses_unlabeled:
         return None
