@@ -27,6 +27,8 @@ import os
 import sys
 from pathlib import Path
 
+from feddb import rows
+
 PROJECT = Path(__file__).resolve().parents[1]
 # five: the benchmark; default: the quick preset's own federation (20 clients, 10 a round), where
 # node 0 is drawn in about half of the rounds and is then 1 of 10
@@ -62,7 +64,12 @@ VICTIM = {
     "nan": ("feddb", ""),
 }
 HONEST_SEEDS = (0, 1, 2)
-OTHER_METHODS = ("fedavg", "fixmatch", "semifl", "fedmatch", "fedrgd")  # honest, seed 0
+# honest, seed 0: the paper's other methods, as the table of runs lists them (conf/comparison)
+OTHER_METHODS = tuple(
+    name
+    for name, row in rows.table().items()
+    if row.section == "methods" and row.method == name and name != "feddb"
+)
 
 
 def plan() -> list[dict]:
@@ -135,7 +142,7 @@ def paired(out: Path, a: str, b: str) -> list[tuple[int, float, float]]:
 
 
 def mean_interval(d: list[float]) -> str:
-    from feddb.report import interval95
+    from feddb.stats import interval95
 
     if not d:
         return "not run"

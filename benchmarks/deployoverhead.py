@@ -42,10 +42,19 @@ def submit_app(dep, app: Path, run_config: str) -> int:
     """`flwr run <app> deploy` against the deployment's SuperLink; the run id."""
     import subprocess
 
-    from feddb.deploy import _bin, _json
+    from feddb.deploy import flwr_bin, json_of
 
     res = subprocess.run(
-        [_bin("flwr"), "run", str(app), "deploy", "--format", "json", "--run-config", run_config],
+        [
+            flwr_bin("flwr"),
+            "run",
+            str(app),
+            "deploy",
+            "--format",
+            "json",
+            "--run-config",
+            run_config,
+        ],
         cwd=app,
         env=dep.env,
         text=True,
@@ -53,7 +62,7 @@ def submit_app(dep, app: Path, run_config: str) -> int:
         check=False,
     )
     try:
-        return int(_json(res.stdout)["run-id"])
+        return int(json_of(res.stdout)["run-id"])
     except (ValueError, KeyError) as err:
         raise RuntimeError(f"`flwr run` of {app} did not start:\n{res.stdout}{res.stderr}") from err
 

@@ -27,12 +27,13 @@ import io
 import json
 import logging
 import math
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+
+from fssl.runtime import cores
 
 PROJECT = Path(__file__).resolve().parents[1]
 MINIATURE = "mnist_miniature,mnist_miniature_others"
@@ -151,10 +152,6 @@ def machine_rates(run_config: str) -> dict[str, float]:
     finally:
         torch.set_num_threads(threads)
     return {"matmul": matmul, "train_step": train, "batch": batch}
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def main(argv: list[str] | None = None) -> int:

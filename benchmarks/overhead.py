@@ -39,12 +39,28 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.echofloor import FLOOR_APP, FLOOR_PYPROJECT, model_shapes
-from feddb.launch import PROJECT, flwr_run_with_ray_head
+from feddb.launch import PROJECT, flwr_run
+from feddb.resources import ray_head
 
 sys.path.insert(0, str(PROJECT))
 
 NODES, PER_ROUND = 20, 10
 SKIP = 2  # rounds left out of the means: Ray workers start, caches fill
+
+
+def flwr_run_with_ray_head(
+    app: Path,
+    fed: dict,
+    run_config: str = "",
+    env_extra: dict | None = None,
+    use_head: bool = True,
+    **kwargs,
+) -> int:
+    """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks);
+    `use_head=False`: Flower starts Ray itself, as with `feddb run --flower-ray`."""
+    with ray_head(use_head) as head:
+        env = dict(env_extra or {}, **({"RAY_ADDRESS": head.address} if head else {}))
+        return flwr_run(app, fed, run_config, env, watch=head.watch if head else None, **kwargs)
 
 
 def federation(overrides: list[str]) -> tuple[int, int]:
@@ -177,7 +193,7 @@ def aggregation_seconds(
     import torch
 
     from fssl.methods import make_model
-    from server_app.app import cores
+    from fssl.runtime import cores
     from server_app.config import compose
     from strategy import ServerSetup, make_strategy
 

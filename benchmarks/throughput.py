@@ -36,7 +36,7 @@ def run_batch(
     n: int, rounds: int, experiment: str, method: str, extra: str, out: Path
 ) -> dict[str, float]:
     """N runs at once; wall time, each run's steady round time and its time before round 2."""
-    from feddb.sweep import cores
+    from fssl.runtime import cores
 
     threads = str(max(1, cores() // n))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)

@@ -139,17 +139,17 @@ def export_data(run_config: dict, out: Path) -> list[Path]:
 
 
 # -- a whole deployment on this machine ---------------------------------------------------------
-def _bin(name: str) -> str:
+def flwr_bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
 def _flwr(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [_bin("flwr"), *args], cwd=PROJECT, env=env, text=True, capture_output=True, check=False
+        [flwr_bin("flwr"), *args], cwd=PROJECT, env=env, text=True, capture_output=True, check=False
     )
 
 
-def _json(text: str) -> dict:
+def json_of(text: str) -> dict:
     return json.loads(text[text.find("{") :])
 
 
@@ -192,7 +192,7 @@ class LocalDeployment:
 
     def start_superlink(self) -> None:
         cmd = [
-            _bin("flower-superlink"),
+            flwr_bin("flower-superlink"),
             "--host",
             "127.0.0.1",
             "--port",
@@ -264,7 +264,7 @@ class LocalDeployment:
         if data_file is not None:
             node_config += f" data-path='{data_file}'"
         cmd = [
-            _bin("flower-supernode"),
+            flwr_bin("flower-supernode"),
             "--superlink",
             f"127.0.0.1:{self.port}",
             "--port",
@@ -297,7 +297,7 @@ class LocalDeployment:
                 cmd += ["--run-config", format_run_config(run_config)]
             started = _flwr(cmd, self.env)
         try:
-            return int(_json(started.stdout)["run-id"])
+            return int(json_of(started.stdout)["run-id"])
         except (ValueError, KeyError) as err:
             raise RuntimeError(
                 f"`flwr run` did not start:\n{started.stdout}{started.stderr}"
@@ -318,7 +318,7 @@ class LocalDeployment:
         t0 = checked = time.monotonic()
         stale = None  # (restart time, metrics file, its rounds then) after a SuperLink restart
         stream = subprocess.Popen(
-            [_bin("flwr"), "log", str(run_id), "deploy", "--stream"],
+            [flwr_bin("flwr"), "log", str(run_id), "deploy", "--stream"],
             cwd=PROJECT,
             env=self.env,
             stdout=subprocess.DEVNULL,
@@ -376,7 +376,7 @@ class LocalDeployment:
         """The run's entry in `flwr ls`, None when the SuperLink did not answer."""
         listed = _flwr(["ls", "deploy", "--run-id", str(run_id), "--format", "json"], self.env)
         try:
-            return _json(listed.stdout)["runs"][0]
+            return json_of(listed.stdout)["runs"][0]
         except (ValueError, KeyError, IndexError):
             return None
 

@@ -555,21 +555,6 @@ def stop_run(http_port: int, followers: list[subprocess.Popen]) -> None:
     stop(superlink_pids(http_port))
 
 
-def flwr_run_with_ray_head(
-    app: Path,
-    fed: dict,
-    run_config: str = "",
-    env_extra: dict | None = None,
-    use_head: bool = True,
-    **kwargs,
-) -> int:
-    """`flwr_run` with a Ray head of its own, started first, as `feddb run` runs (benchmarks);
-    `use_head=False`: Flower starts Ray itself, as with `feddb run --flower-ray`."""
-    with ray_head(use_head) as head:
-        env = dict(env_extra or {}, **({"RAY_ADDRESS": head.address} if head else {}))
-        return flwr_run(app, fed, run_config, env, watch=head.watch if head else None, **kwargs)
-
-
 def watchdog(
     watch: Callable[[], str | None],
     done: threading.Event,

@@ -3,8 +3,8 @@
     feddb report runs/sweep --out reports/sweep
 
 Reads every run directory below the given paths (a directory with config.yaml and metrics.jsonl),
-names each run by its paper row (FedAvg, FixMatch, FedMatch, FedRGD, SemiFL, X-FedDPL, FedDB, and
-the DPL/DMA ablation variants) and its setting (dataset, partition), and writes:
+names each run by its row of the table of runs (feddb/rows.py: a method's display name and the
+switches it differs by, e.g. X-FedDPL, FedDB w/o DMA) and its setting (dataset, partition), and writes:
 - results.md: per partition (IID, δ=0.3, δ=0.1) a table of methods × datasets with mean(std) over
   seeds of the final test accuracy and of the test accuracy at the round of best validation
   accuracy (%), as the paper's Tables 1-3, collapsed runs flagged; paired per-seed differences

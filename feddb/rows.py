@@ -32,6 +32,7 @@ class Row:
     strategy: str | None = None
     overrides: str = ""
     shown: str | None = None  # the table's display name; None: made from the switches
+    section: str = ""  # its section of conf/comparison; "registry": a method not listed there
 
     def run_config(self) -> str:
         """The row as a Flower run-config."""
@@ -109,21 +110,21 @@ def variant_name(m: dict[str, Any], dpl: bool, dma: bool, prior: str = "local") 
 def table() -> dict[str, Row]:
     """Every row by name, in the table's order: conf/comparison/paper.yaml's `methods`, the
     methods of conf/method/ not listed there, then every other section of every file."""
-    sections: list[dict[str, dict]] = []
+    sections: list[tuple[str, dict[str, dict]]] = []
     for path in sorted(TABLE.glob("*.yaml")):
-        sections += list((yaml.safe_load(path.read_text()) or {}).values())
+        sections += list((yaml.safe_load(path.read_text()) or {}).items())
     rows: dict[str, Row] = {}
-    for i, section in enumerate(sections):
-        for name, spec in section.items():
-            rows[name] = row_of(name, spec)
+    for i, (section, specs) in enumerate(sections):
+        for name, spec in specs.items():
+            rows[name] = row_of(name, spec, section)
         if i == 0:  # the paper's methods, then every other method by its own name
             for path in sorted(METHODS.glob("*.yaml")):
                 if path.stem != "custom" and path.stem not in rows:
-                    rows[path.stem] = Row(path.stem, path.stem)
+                    rows[path.stem] = Row(path.stem, path.stem, section="registry")
     return rows
 
 
-def row_of(name: str, spec: dict[str, Any]) -> Row:
+def row_of(name: str, spec: dict[str, Any], section: str = "") -> Row:
     unknown = sorted(set(spec) - set(FIELDS))
     if unknown or "method" not in spec:
         raise ValueError(
@@ -139,6 +140,7 @@ def row_of(name: str, spec: dict[str, Any]) -> Row:
         spec.get("strategy"),
         str(spec.get("overrides") or ""),
         spec.get("display"),
+        section,
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from feddb.rows import table
+from fssl.runtime import cores
 from server_app.rounds import FAILURE
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -202,10 +203,6 @@ def run_one(cfg: Any) -> dict[str, Any]:
         "status": "done" if ok else "failed",
         **({} if ok else {"reason": f"exit {code}, see {log}"}),
     }
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def gpu_present() -> bool:

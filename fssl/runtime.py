@@ -20,6 +20,11 @@ from .train import ClientData, client_data, to_nchw
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
+def cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_threads(alone: bool = False) -> int:
     """CPU threads of a process that trains or evaluates on the CPU (the project's rule):
     OMP_NUM_THREADS where the user or the launcher set it (Ray sets it to the cores it reserved
@@ -31,7 +36,7 @@ def cpu_threads(alone: bool = False) -> int:
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     if value.isdigit() and int(value) > 0:
         return int(value)
-    return len(os.sched_getaffinity(0)) if alone else 1
+    return cores() if alone else 1
 
 
 def size_threads(device: torch.device, alone: bool = False) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,14 @@ from fssl.methods import make_model
 from fssl.partition import partition_label, save_partition, scenario_of
 from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
-from fssl.runtime import cpu_threads, data_meta, dataset_for, keep_freed_memory, partition_for
+from fssl.runtime import (
+    cores,
+    cpu_threads,
+    data_meta,
+    dataset_for,
+    keep_freed_memory,
+    partition_for,
+)
 from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
 from strategy import ServerSetup, WeightedAverage, make_strategy
@@ -70,11 +76,6 @@ def scope_defences(cfg: dict[str, Any], simulation: bool) -> None:
             "server.robust.scope=always turns them on here)",
             flush=True,
         )
-
-
-def cores() -> int:
-    """CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @app.main()

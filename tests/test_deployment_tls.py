@@ -318,7 +318,7 @@ def test_a_run_left_without_rounds_after_a_superlink_restart_is_stopped_for_the_
     metrics.write_text('{"round": 1}\n')
     calls = []
     monkeypatch.setattr(deploy_mod, "STALE_AFTER_RESTART", 1.0)
-    monkeypatch.setattr(deploy_mod, "_bin", lambda name: shutil.which("true"))
+    monkeypatch.setattr(deploy_mod, "flwr_bin", lambda name: shutil.which("true"))
 
     def flwr(args, env):
         calls.append(args)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fssl", "client_app", "server_app", "strategy", "feddb")
+PACKAGES = ("fssl", "client_app", "server_app", "strategy", "feddb", "benchmarks", "studies")
 # First components that make a token a repository path. Fixed, not read from the tree, so that a
 # reference to a directory that has gone (scripts/, notes/) is still seen as one.
 ROOTS = (
@@ -40,6 +40,8 @@ ROOTS = (
     "server_app",
     "strategy",
     "feddb",
+    "benchmarks",
+    "studies",
     ".ci",
 )
 README_LIMIT = 8192

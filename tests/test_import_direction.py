@@ -185,6 +185,23 @@ def test_the_client_app_imports_only_what_a_client_needs():
     assert sorted(work & set(NOT_IN_A_CLIENT)) == []
 
 
+def test_the_attack_code_stays_off_a_normal_clients_path():
+    import subprocess
+    import sys
+
+    probe = "import sys, client_app.work\nprint('client_app.attacks' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=PROJECT, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
+
+
+def test_the_users_tools_stay_within_4000_lines():
+    """feddb/ holds what a user runs; the instruments live in benchmarks/ and studies/."""
+    lines = sum(len(p.read_text().splitlines()) for p in (PROJECT / "feddb").glob("*.py"))
+    assert lines <= 4000, lines
+
+
 def test_the_server_app_does_not_load_the_superlinks_state():
     """A deployed ServerApp talks to the SuperLink over gRPC: Flower's simulation grid module, and
     the SuperLink's database layers it pulls in, would add seconds to its start."""

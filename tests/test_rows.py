@@ -98,7 +98,7 @@ def test_an_online_labeller_is_paired_with_fixmatch_labelling_online():
     assert ("FixMatch (online)", "FixMatch") in pairs
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/methods.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/methods.md", "docs/configuration.md"])
 def test_the_docs_name_every_registered_method(page):
     """The pages that list the methods keep up with the registry: a new method is named there."""
     text = (PROJECT / page).read_text()
@@ -107,9 +107,20 @@ def test_the_docs_name_every_registered_method(page):
         for p in (PROJECT / "conf" / "method").glob("*.yaml")
         if p.stem != "custom"
     }
-    missing = [
+    missing = [  # by its display name or, in a list of values, its configuration name
         table()[trainers[name]].display
         for name in discover()
-        if table()[trainers[name]].display not in text
+        if table()[trainers[name]].display not in text and f"`{trainers[name]}`" not in text
     ]
     assert missing == [], f"{page} does not name {missing}"
+
+
+def test_feddb_is_fixmatch_with_dpl_and_dma_and_nothing_of_its_own():
+    from fssl.methods.feddb import FedDB
+    from fssl.methods.fixmatch import FixMatch
+
+    assert FedDB.__bases__ == (FixMatch,)
+    own = {k for k, v in vars(FedDB).items() if callable(v) and not k.startswith("__")}
+    assert own == set()  # every step is FixMatch's
+    m = yaml.safe_load((PROJECT / "conf" / "method" / "feddb.yaml").read_text())["method"]
+    assert m["trainer"] == "feddb" and {p for p in ("dpl", "dma") if m[p]} == set(FedDB.parts)

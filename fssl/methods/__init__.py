@@ -163,9 +163,6 @@ def method_class(spec: str) -> type[LocalTrainer]:
     return METHODS[spec]
 
 
-trainer_class = method_class  # the name callers used before methods were classes of their own
-
-
 def fill_defaults(m: dict[str, Any]) -> None:
     """A method given by path has no YAML: its class's `defaults` give the `method.*` values its
     configuration leaves unset (conf/method/custom.yaml leaves `pseudo_labels` null), then

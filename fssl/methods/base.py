@@ -90,7 +90,7 @@ class LocalTrainer:
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:
         """Check the method's own parameters under `method` (conf/method/<name>.yaml) with
-        fssl.config's rules; none here."""
+        fssl.checks' rules; none here."""
 
     @classmethod
     def wrap_model(cls, model: nn.Module, m: dict[str, Any]) -> nn.Module:
