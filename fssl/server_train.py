@@ -67,7 +67,12 @@ class ServerLabels:
     """The server's labeled data and its training on them."""
 
     def __init__(
-        self, cfg: dict[str, Any], ds: Dataset, part: Partition, device: torch.device
+        self,
+        cfg: dict[str, Any],
+        ds: Dataset,
+        part: Partition,
+        device: torch.device,
+        method: type | None = None,  # the method's class, where the caller resolved it
     ) -> None:
         idx = part.server
         x = to_nchw(ds.x_train[idx], device)
@@ -79,8 +84,9 @@ class ServerLabels:
             self.cfg["train"]["local_epochs"] = int(epochs)
         self.device = device
         self.mean, self.std = tuple(ds.mean), tuple(ds.std)
-        self.model = make_model(cfg, ds.num_classes, ds.image_shape[0]).to(device)
-        trainer = method_class(cfg["method"]["trainer"]).server_trainer()
+        method = method or method_class(cfg["method"]["trainer"])
+        self.model = make_model(cfg, ds.num_classes, ds.image_shape[0], method).to(device)
+        trainer = method.server_trainer()
         self.trainer = trainer(self.cfg, self.mean, self.std, device)
         self.static_bn = bool(cfg["method"].get("static_bn")) and cfg["model"]["norm"] == "bn"
 

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fssl import checkpoint
 from fssl.config import DEFENCES, apply_defence_scope, warmup_note
-from fssl.methods import make_model
+from fssl.methods import make_model, method_class
 from fssl.partition import partition_label, save_partition, scenario_of
 from fssl.profiling import Timeline, profiled
 from fssl.provenance import provenance
@@ -97,15 +97,17 @@ def main(grid: Grid, context: Context) -> None:
     )
     timeline.mark("nodes_bound")
 
+    method = method_class(cfg["method"]["trainer"])  # once: model, strategy, server labels
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
-    model = make_model(cfg, ds.num_classes, ds.image_shape[0])
+    model = make_model(cfg, ds.num_classes, ds.image_shape[0], method)
     recorder = RoundRecorder(cfg, ds, model, run_dir, device)
     idle_cores = threads == 1 and device.type == "cpu"
-    setup = server_setup(cfg, ds, part, node_of, simulation, loss_check(cfg, recorder, idle_cores))
+    audit = loss_check(cfg, recorder, idle_cores)
+    setup = server_setup(cfg, ds, part, node_of, simulation, audit, method)
     strategy = make_strategy(cfg, ds.num_classes, setup)
     arrays, first_round = starting_point(model, run_dir, resume_dir, strategy, recorder)
-    loop = RoundLoop(strategy, grid, server_labels(cfg, ds, part, device, strategy))
+    loop = RoundLoop(strategy, grid, server_labels(cfg, ds, part, device, strategy, method))
     loop.failed = failed_before(recorder.history) if resume_dir is not None else []
     if not simulation:  # SuperNodes may leave and join during the run
         loop.before_round = RejoinedNodes(grid, strategy, fl["num_clients"])
@@ -155,7 +157,9 @@ def load_data(cfg: dict[str, Any], run_dir: Path, fresh: bool):
     return ds, part
 
 
-def server_setup(cfg, ds, part, node_of, simulation: bool, audit: dict[str, Any]) -> ServerSetup:
+def server_setup(
+    cfg, ds, part, node_of, simulation: bool, audit: dict[str, Any], method: type
+) -> ServerSetup:
     """What the strategy knows of the run: nodes, partition sizes, the loss check's evaluation."""
     return ServerSetup(
         node_of=node_of,
@@ -163,6 +167,7 @@ def server_setup(cfg, ds, part, node_of, simulation: bool, audit: dict[str, Any]
         max_samples=len(ds.y_train),
         partition_sizes=[(len(lab), len(unl)) for lab, unl in zip(part.labeled, part.unlabeled)],
         workers=cores(),  # the replies are all in: no client is busy meanwhile
+        method=method,
         **audit,
     )
 
@@ -179,11 +184,13 @@ def starting_point(
     return arrays, first_round
 
 
-def server_labels(cfg, ds, part, device, strategy: WeightedAverage) -> ServerLabels | None:
+def server_labels(
+    cfg, ds, part, device, strategy: WeightedAverage, method: type
+) -> ServerLabels | None:
     """The server's own labeled training (labels_at_server scenarios), said in one line."""
     if not len(part.server):
         return None
-    server = ServerLabels(cfg, ds, part, device)
+    server = ServerLabels(cfg, ds, part, device, method)
     print(
         f"[feddb] {scenario_of(cfg)[0]}: the server trains on its {server.size} labeled "
         f"images every round ({strategy.server_step}"

@@ -47,6 +47,7 @@ class ServerSetup:
     # candidates it may evaluate at once
     audit: Callable[[dict[str, np.ndarray]], float] | None = None
     audit_workers: int = 1
+    method: type | None = None  # the method's class, resolved once by the ServerApp
 
 
 @dataclass
@@ -86,7 +87,7 @@ class WeightedAverage(FedAvg):
         )
         setup = setup or ServerSetup()
         self.cfg, self.num_classes, self.setup = cfg, num_classes, setup
-        self.method_cls = method_class(cfg["method"]["trainer"])
+        self.method_cls = setup.method or method_class(cfg["method"]["trainer"])
         self.method = self.method_cls.server(cfg, num_classes)
         # dpl_prior=global: the last aggregate's APP-U, sent with the model
         self.global_prior: np.ndarray | None = None

@@ -196,13 +196,17 @@ def make_trainer(
     return method_class(cfg["method"]["trainer"])(cfg, ds_mean, ds_std, device)
 
 
-def make_model(cfg: dict[str, Any], num_classes: int, in_channels: int) -> nn.Module:
-    """The configured model, wrapped as the method needs it (FedMatch: sigma + psi)."""
+def make_model(
+    cfg: dict[str, Any], num_classes: int, in_channels: int, method: type | None = None
+) -> nn.Module:
+    """The configured model, wrapped as the method needs it (FedMatch: sigma + psi). `method`:
+    the method's class where the caller has resolved it already."""
     from ..models import build_model
 
     size = cfg.get("data_meta", {}).get("image_shape", [in_channels, 28, 28])[-1]
     model = build_model(cfg["model"], num_classes, in_channels, size)
-    return method_class(cfg["method"]["trainer"]).wrap_model(model, cfg["method"])
+    cls = method or method_class(cfg["method"]["trainer"])
+    return cls.wrap_model(model, cfg["method"])
 
 
 def display_name(m: dict[str, Any]) -> str:
