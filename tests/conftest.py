@@ -128,6 +128,9 @@ def children_left(grace: float) -> list[str]:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for pid in pids:  # a killed child dies a moment later (sooner on an idle machine): reap it
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
     reap_children()
     return left
 
