@@ -62,12 +62,19 @@ class Row:
         return variant_name(m, dpl, dma, self.prior or "local")
 
 
+@cache
+def own_yaml(name: str) -> dict[str, Any]:
+    """conf/method/<name>.yaml's `method:` block, read once a process ({} where there is none);
+    callers copy before they change it."""
+    path = METHODS / f"{name}.yaml"
+    return yaml.safe_load(path.read_text())["method"] if path.is_file() else {}
+
+
 def method_yaml(name: str) -> dict[str, Any]:
     """A method's `method:` block (conf/method/<name>.yaml); for a method by path, its name as
     the trainer (its class gives the display name)."""
-    path = METHODS / f"{name}.yaml"
-    if ":" not in name and path.is_file():
-        return yaml.safe_load(path.read_text())["method"]
+    if ":" not in name and own_yaml(name):
+        return own_yaml(name)
     return {"name": name, "trainer": name, "display": None, "dpl": False, "dma": False}
 
 
@@ -76,11 +83,9 @@ def method_display(m: dict[str, Any]) -> str:
     configuration carried one), else its class's, else its name (a class that no longer loads)."""
     if m.get("display"):
         return str(m["display"])
-    path = METHODS / f"{m.get('name')}.yaml"
-    if path.is_file():
-        shown = yaml.safe_load(path.read_text())["method"].get("display")
-        if shown:
-            return str(shown)
+    shown = own_yaml(str(m.get("name"))).get("display")
+    if shown:
+        return str(shown)
     try:
         return str(method_class(m["trainer"]).display)
     except (ConfigError, KeyError):
@@ -92,8 +97,7 @@ def variant_name(m: dict[str, Any], dpl: bool, dma: bool, prior: str = "local") 
     "FedDB w/o DPL", "FedDB w/o DMA", "FixMatch+DMA", "... (global prior)", and "FixMatch
     (online)" where `m` labels at another time than its method's YAML says."""
     name = method_display(m)
-    path = METHODS / f"{m.get('name')}.yaml"
-    own = yaml.safe_load(path.read_text())["method"] if path.is_file() else {}
+    own = own_yaml(str(m.get("name")))
     timing = m.get("pseudo_labels")
     if timing and own.get("pseudo_labels") and timing != own["pseudo_labels"]:
         name += " (online)" if timing == "online" else " (once a round)"
