@@ -180,6 +180,36 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+def table(res: dict) -> str:
+    """The four apps' seconds a round against Flower's floor, as markdown (printed, and rendered
+    into docs/speed.md by `feddb tables` from the --out file)."""
+    fl = res["floor"]
+    pairs = ", ".join(f"{p['null']['round'] / p['floor']:.2f}×" for p in res["pairs"])
+    rows = [
+        ("Flower's floor: the model's arrays echoed back", fl, "1.00×"),
+        (
+            "the project, null trainer (`benchmarks/nulltrainer.py`), resident workers",
+            res["null"]["round"],
+            f"**{res['null']['round'] / fl:.2f}×** (pairs {pairs})",
+        ),
+        (
+            "the project without a step (`train.local_epochs=0`: the APP-U pass, evaluation "
+            "every round)",
+            res["no_step"]["round"],
+            f"{res['no_step']['round'] / fl:.2f}×",
+        ),
+        (
+            "the project training (the default method and data)",
+            res["training"]["round"],
+            f"{res['training']['round'] / fl:.2f}×",
+        ),
+    ]
+    return "\n".join(
+        ["| app | seconds a round | over the floor |", "|---|---|---|"]
+        + [f"| {app} | {sec:.2f} | {ratio} |" for app, sec, ratio in rows]
+    )
+
+
 def main(nodes: int, rounds: int, out: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="feddb-deploy-overhead-") as tmp:
         try:
@@ -187,7 +217,7 @@ def main(nodes: int, rounds: int, out: str | None) -> int:
         except RuntimeError as err:
             print(f"error: {err}")
             return 1
-    print(report(res))
+    print(report(res) + "\n\n" + table(res))
     if out:
         Path(out).write_text(json.dumps(res, indent=2))
     return 0

@@ -245,6 +245,29 @@ def flwr_rounds(args, rounds: int, gpus: str) -> dict:
     }
 
 
+def table(results: dict) -> str:
+    """The figures as one markdown table (printed, and rendered into docs/speed.md by `feddb
+    tables` from the --json file)."""
+    a, s, r = (
+        results[k] for k in ("augment_images_per_s", "train_step_images_per_s", "round_seconds")
+    )
+    preset, mem = results["preset"], results["peak_memory"]
+    return "\n".join(
+        [
+            "| measure | project | reference | ratio |",
+            "|---|---|---|---|",
+            f"| augmentation (weak + strong), images/s | {a['project']:,.0f} | "
+            f"{a['reference']:,.0f} | {a['project'] / a['reference']:.1f}× |",
+            f"| local training step, images/s | {s['project']:,.0f} | {s['reference']:,.0f} | "
+            f"{s['project'] / s['reference']:.1f}× |",
+            f"| seconds per round ({preset['clients']} clients × {preset['epochs']} epochs, one "
+            f"after another) | {r['project']:.2f} | {r['reference']:.2f} | "
+            f"**{r['reference'] / r['project']:.1f}×** |",
+            f"| peak memory | {mem['project']} | {mem['reference']} | |",
+        ]
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
@@ -436,26 +459,7 @@ def main() -> int:
         except ImportError:
             results["flwr_simulation"] = {"error": "flwr is not installed here"}
 
-    a, s, r = (
-        results[k] for k in ("augment_images_per_s", "train_step_images_per_s", "round_seconds")
-    )
-    print("\n| measure | project | reference | ratio |\n|---|---|---|---|")
-    print(
-        f"| augmentation (weak + strong), images/s | {a['project']:,.0f} | {a['reference']:,.0f} | "
-        f"{a['project'] / a['reference']:.1f}x |"
-    )
-    print(
-        f"| local training step, images/s | {s['project']:,.0f} | {s['reference']:,.0f} | "
-        f"{s['project'] / s['reference']:.1f}x |"
-    )
-    print(
-        f"| seconds per round ({args.clients} clients x {args.epochs} epochs) | {r['project']:.2f} | "
-        f"{r['reference']:.2f} | {results['speedup_round']:.1f}x |"
-    )
-    print(
-        f"| peak memory | {results['peak_memory']['project']} | "
-        f"{results['peak_memory']['reference']} | |"
-    )
+    print("\n" + table(results))
     sim = results.get("flwr_simulation")
     if sim and "error" not in sim:
         print(

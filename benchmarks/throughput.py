@@ -110,6 +110,30 @@ def projected_sweep_seconds(m: dict[str, float], n: int, runs: int, full_rounds:
     return math.ceil(runs / n) * (m["startup_seconds"] + full_rounds * m["round_seconds"])
 
 
+def table(results: dict, sweep_runs: int, full_rounds: int, mps: dict | None = None) -> str:
+    """N runs at once -> rounds/s, a round's share of the wall clock and the projected sweep, as
+    markdown (printed, and rendered into docs/speed.md by `feddb tables` from the --out files:
+    `mps`, where given, is a second measurement's results under MPS, shown beside)."""
+    mps = mps or {}
+    head = "| runs at once | rounds/s | seconds a round |"
+    if mps:
+        head += " with MPS: rounds/s | seconds a round |"
+    lines = [head + f" {sweep_runs} runs of {full_rounds} rounds |", "|---" * head.count("|") + "|"]
+    for n in sorted({*results, *mps}, key=int):
+        cells = [str(n)]
+        for m in (results.get(n), *((mps.get(n),) if mps else ())):
+            cells += (
+                [f"{m['rounds_per_second']:.2f}", f"{1 / m['rounds_per_second']:.2f}"]
+                if m
+                else ["", ""]
+            )
+        best = mps.get(n) or results[n]
+        hours = best["projected_sweep_seconds"] / 3600
+        cells.append(f"{hours:.1f} h" + (" (MPS)" if n in mps else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="feddb throughput",
@@ -160,24 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         if not str(err).startswith("--mps"):
             raise
         raise SystemExit(f"feddb throughput: {err}") from None
-    base = results[jobs[0]]["projected_sweep_seconds"]
     print(
         f"{args.method}, experiment={args.experiment} ({full} rounds a run), "
-        f"{args.rounds} rounds measured per run; a sweep of {args.sweep_runs} runs:"
+        f"{args.rounds} rounds measured per run:\n"
     )
-    print(f"{'runs at once':>12} {'rounds/s':>9} {'s/round':>8} {'start-up s':>10} {'sweep':>9}")
-    for n, m in results.items():
-        print(
-            f"{n:>12} {m['rounds_per_second']:>9.2f} {m['round_seconds']:>8.2f} "
-            f"{m['startup_seconds']:>10.1f} {m['projected_sweep_seconds'] / 60:>7.1f} min"
-            + (f"  ({base / m['projected_sweep_seconds']:.2f}x)" if n != jobs[0] else "")
-        )
+    print(table(results, args.sweep_runs, full))
     phases = results[jobs[0]]["phases"]
     print(f"where a steady round goes, {jobs[0]} run(s) at once (median seconds):")
     for key, value in phases.items():
         print(f"  {key:<34} {value:8.3f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"config": vars(args), "results": results}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {"config": {**vars(args), "full_rounds": full}, "results": results}, indent=2
+            )
+        )
     return 0
 
 

@@ -38,6 +38,10 @@ COMMANDS = {
         "benchmarks.floor",
         "a sweep's FLOPs, counted, and the fastest fp32 could run them here",
     ),
+    "tables": (
+        "benchmarks.tables",
+        "the docs' measured tables, rendered from the measurement files",
+    ),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)

@@ -1,0 +1,82 @@
+"""`feddb tables`: the docs' measured tables are the measurement files' figures, rendered by the
+commands that measured them, and none is typed by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from benchmarks import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_BENCH = ROOT / "docs/measurements/bench_cpu_small.json"
+
+
+def test_the_docs_tables_match_their_files():
+    assert tables.main(["--check"]) == 0
+
+
+def test_every_table_of_speed_is_generated():
+    """A markdown table in docs/speed.md lies between the markers, so no figure there is typed."""
+    lines = (ROOT / "docs/speed.md").read_text().split("\n")
+    inside = False
+    for n, line in enumerate(lines, 1):
+        if tables.BEGIN.match(line):
+            inside = True
+        elif line == tables.END:
+            inside = False
+        elif line.startswith("|"):
+            assert inside, f"docs/speed.md:{n} is a table row outside the generated tables"
+
+
+def page_with_bench(tmp_path: Path, data: dict, table: str = "| stale |") -> Path:
+    docs = tmp_path / "docs"
+    (docs / "measurements").mkdir(parents=True)
+    (docs / "measurements/bench.json").write_text(json.dumps(data))
+    page = docs / "speed.md"
+    page.write_text(
+        f"# Speed\n\n<!-- feddb tables: bench measurements/bench.json -->\n{table}\n"
+        f"{tables.END}\n\nprose after\n"
+    )
+    return page
+
+
+def test_a_changed_file_changes_its_table(tmp_path):
+    data = json.loads(CPU_BENCH.read_text())
+    data["round_seconds"] = {"project": 2.0, "reference": 9.0}
+    page = page_with_bench(tmp_path, data)
+    assert tables.main(["--check", "--root", str(tmp_path)]) == 1
+    assert page.read_text().count("| stale |") == 1  # --check changes nothing
+    assert tables.main(["--root", str(tmp_path)]) == 0
+    text = page.read_text()
+    assert "| 2.00 | 9.00 | **4.5×** |" in text and "| stale |" not in text
+    assert text.endswith(f"{tables.END}\n\nprose after\n")
+    assert tables.main(["--check", "--root", str(tmp_path)]) == 0
+
+
+def test_throughput_beside_its_mps_measurement():
+    files = [
+        json.loads((ROOT / f"docs/measurements/throughput_h200_paper{s}.json").read_text())
+        for s in ("", "_mps")
+    ]
+    rows = tables.throughput(files).split("\n")
+    assert rows[0].endswith("| 40 runs of 800 rounds |")
+    assert re.fullmatch(r"\| 8 \| 1\.59 \| 0\.63 \| 3\.16 \| 0\.32 \| 2\.8 h \(MPS\) \|", rows[-1])
+    assert rows[2] == "| 1 | 0.66 | 1.52 |  |  | 13.5 h |"
+
+
+def test_bad_markers_are_one_line_and_exit_2(tmp_path, capsys):
+    page = page_with_bench(tmp_path, {})
+    page.write_text(page.read_text().replace("tables: bench", "tables: benhc"))
+    assert tables.main(["--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown table kind 'benhc'" in err and "\n" not in err
+    page.write_text(page.read_text().replace("benhc measurements/bench.json", "bench nope.json"))
+    assert tables.main(["--root", str(tmp_path)]) == 2
+    assert "no measurement file" in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "docs/measurements")
+    page.write_text("<!-- feddb tables: bench x.json -->\n| a |\n")
+    assert tables.main(["--root", str(tmp_path)]) == 2
+    assert "no '<!-- end of generated table -->'" in capsys.readouterr().err
