@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from feddb.rows import display_order, variant_name
+from feddb.rows import comparisons, display_order, variant_name
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.checks import ConfigError
 from fssl.methods import method_class
@@ -280,45 +280,16 @@ def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
     )
 
 
-# paired comparisons: (variant, reference); X-FedDPL − X for every X is added
-PAIRS = [
-    ("FixMatch", "FedAvg"),
-    ("FixMatch-FedDPL", "FedAvg"),
-    ("FedDB", "FedAvg"),
-    ("SemiFL", "FedAvg"),
-    ("SemiFL (static BN)", "FedAvg"),
-    ("SemiFL (static BN)", "SemiFL"),
-    ("FedRGD", "FedAvg"),
-    ("FedMatch", "FedAvg"),
-    ("FedDB", "FixMatch-FedDPL"),
-    ("FedDB w/o DPL", "FixMatch"),
-    ("FedDB", "FixMatch"),
-]
-
-
 def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any]]:
-    """Per setting, per pair: the per-seed differences of `key` on the seeds both have."""
+    """Per setting, per comparison of the table of runs (feddb/rows.py: `comparisons`): the
+    per-seed differences of `key` on the seeds both have."""
     by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
-    names = {v for _, v in by}
-    pairs = PAIRS + [(f"{x}-FedDPL", x) for x in ("FixMatch", "FedMatch", "FedRGD", "SemiFL")]
-    known = {v for pair in pairs for v in pair}
-    for v in sorted(names - known):  # other methods, and DPL with the global prior
-        base = v.removesuffix(" (global prior)")
-        refs = (
-            [base, base.removesuffix("-FedDPL")]
-            if base != v
-            else ["FedAvg", "FixMatch", "FixMatch (online)"]  # the online labellers' reference
-        )
-        if base == v and v.endswith("-FedDPL"):
-            refs = [v.removesuffix("-FedDPL")]
-        pairs += [(v, ref) for ref in refs if ref != v]
+    pairs = comparisons(v for _, v in by)
     out = []
     for sett in setting_order(s for s, _ in by):
         for a, b in pairs:
-            if a not in names or b not in names:
-                continue
             ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
             seeds = sorted(set(ra) & set(rb))
             vals = [

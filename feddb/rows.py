@@ -1,5 +1,6 @@
 """The one table of runs (conf/comparison/*.yaml): a row is a name and what it runs, the method,
-DPL, DMA, DPL's prior, the server strategy, other overrides, and its display name. Sweeps run
+DPL, DMA, DPL's prior, the server strategy, other overrides, its display name, and the rows it is
+compared with (paired, per seed, in `feddb report`). Sweeps run
 rows by name; `feddb report` and the claims study name and order runs by it; the ladder picks its
 rows from it. Every method of conf/method/ is a row by its own name, so a new method needs no
 entry; display names come from the methods' YAML (else their class)."""
@@ -19,7 +20,10 @@ from fssl.methods import method_class
 PROJECT = Path(__file__).resolve().parents[1]
 TABLE = PROJECT / "conf" / "comparison"
 METHODS = PROJECT / "conf" / "method"
-FIELDS = ("method", "dpl", "dma", "prior", "strategy", "overrides", "display")
+FIELDS = ("method", "dpl", "dma", "prior", "strategy", "overrides", "display", "compare")
+# What a method the table does not list is compared with: labels-only training, and FixMatch
+# labelling once a round and at every step (most methods label online).
+DEFAULT_COMPARE = ("fedavg", "fixmatch", "fixmatch-online")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Row:
     overrides: str = ""
     shown: str | None = None  # the table's display name; None: made from the switches
     section: str = ""  # its section of conf/comparison; "registry": a method not listed there
+    compare: tuple[str, ...] = ()  # the rows it is compared with, by name
 
     def run_config(self) -> str:
         """The row as a Flower run-config."""
@@ -124,7 +129,15 @@ def table() -> dict[str, Row]:
         if i == 0:  # the paper's methods, then every other method by its own name
             for path in sorted(METHODS.glob("*.yaml")):
                 if path.stem != "custom" and path.stem not in rows:
-                    rows[path.stem] = Row(path.stem, path.stem, section="registry")
+                    rows[path.stem] = Row(
+                        path.stem, path.stem, section="registry", compare=DEFAULT_COMPARE
+                    )
+    for row in rows.values():
+        unknown = [ref for ref in row.compare if ref not in rows]
+        if unknown:
+            raise ValueError(
+                f"conf/comparison row '{row.name}': compare names {unknown}, which are not rows"
+            )
     return rows
 
 
@@ -145,9 +158,31 @@ def row_of(name: str, spec: dict[str, Any], section: str = "") -> Row:
         str(spec.get("overrides") or ""),
         spec.get("display"),
         section,
+        tuple(spec.get("compare") or ()),
     )
 
 
 def display_order() -> list[str]:
     """Display names in the table's order: how tables sort their rows."""
     return list(dict.fromkeys(row.display for row in table().values()))
+
+
+def comparisons(displays) -> list[tuple[str, str]]:
+    """The paired comparisons among runs shown by these display names, in the table's order: each
+    row's `compare`; a variant no row shows (a method by path, a switch flipped on a listed
+    method) is compared as variant_name builds it: "X-FedDPL" with X, "X (global prior)" with X
+    and X without DPL, anything else with DEFAULT_COMPARE."""
+    shown = set(displays)
+    rows = table()
+    pairs = [(row.display, rows[ref].display) for row in rows.values() for ref in row.compare]
+    for v in sorted(shown - {row.display for row in rows.values()}):
+        base = v.removesuffix(" (global prior)")
+        if base != v:
+            refs = [base, base.removesuffix("-FedDPL")]
+        elif v.endswith("-FedDPL"):
+            refs = [v.removesuffix("-FedDPL")]
+        else:
+            refs = [rows[r].display for r in DEFAULT_COMPARE]
+        pairs += [(v, ref) for ref in refs if ref != v]
+    wanted = dict.fromkeys((a, b) for a, b in pairs if a in shown and b in shown)
+    return list(wanted)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from feddb.report import local_variant
-from feddb.rows import Row, display_order, row_of, table
+from feddb.rows import DEFAULT_COMPARE, Row, comparisons, display_order, row_of, table
 from feddb.sweep import rows as sweep_rows
 from fssl.methods import discover
 from server_app.config import compose
@@ -71,6 +71,37 @@ def test_a_row_with_an_unknown_key_is_refused_naming_it():
     assert Row("y", "fixmatch", dpl=True, strategy="krum").run_config() == (
         "method='fixmatch' dpl=true strategy='krum'"
     )
+
+
+def test_a_row_compared_with_a_row_not_in_the_table_is_refused(monkeypatch, tmp_path):
+    from feddb import rows
+
+    (tmp_path / "t.yaml").write_text("s:\n  a: {method: fixmatch, compare: [fixmach]}\n")
+    monkeypatch.setattr(rows, "TABLE", tmp_path)
+    table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="row 'a': compare names \\['fixmach'\\]"):
+            table()
+    finally:
+        table.cache_clear()
+
+
+@pytest.mark.parametrize("page", ["docs/miniature/results.md", "docs/methods_study/results.md"])
+def test_published_reports_keep_their_comparisons(page):
+    """The table's comparisons are the Holm families of the reports already published: the
+    comparisons among a page's variants are exactly the page's."""
+    text = (PROJECT / page).read_text()
+    published = set(re.findall(r"^\| [^|]+ \| ([^|]+?) − ([^|]+?) \|", text, re.M))
+    shown = {v for pair in published for v in pair}
+    assert len(published) > 5
+    assert set(comparisons(shown)) == published
+
+
+def test_a_method_the_table_does_not_list_gets_the_default_references():
+    derived = comparisons(["FedAvg", "FixMatch", "FixMatch (online)", "Mine", "FlexMatch-FedDPL"])
+    assert [b for a, b in derived if a == "Mine"] == [table()[r].display for r in DEFAULT_COMPARE]
+    assert [b for a, b in derived if a == "FlexMatch-FedDPL"] == []  # FlexMatch itself is absent
+    assert ("FlexMatch-FedDPL", "FlexMatch") in comparisons(["FlexMatch-FedDPL", "FlexMatch"])
 
 
 def test_no_other_code_lists_methods_with_their_switches():
