@@ -123,27 +123,40 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
 LR_PREFIX = "lr"  # regime directories of lr selections (`feddb sweep ... lr=a,b,c out=.../lr_x`)
 
 
+def chosen_lr(means: dict[float, float], val_images: int) -> float:
+    """The lr chosen on validation: the highest final validation accuracy (%) wins, and one within
+    a binomial standard error of it is a tie, broken towards the smaller lr (the smaller step is
+    the safer guess when the split cannot tell them apart)."""
+    best = max(means.values())
+    p = best / 100
+    se = 100 * (p * (1 - p) / max(val_images, 1)) ** 0.5
+    return min(lr for lr, v in means.items() if v >= best - se)
+
+
 def lr_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
     """An lr selection's table: per setting and row, the final validation accuracy of each lr
-    (mean over the seeds run, seed 0 in the study) and the lr chosen, the highest."""
+    (mean over the seeds run, seed 0 in the studies) and the lr chosen (chosen_lr)."""
     by: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    val_images: dict[tuple[str, str], int] = {}
     for r in runs:
         row = r["dir"].parent.name.partition("@lr")[0]
         val = r["rounds"][-1].get("val_accuracy")
         if val is not None:
             by[(r["setting"], row)][float(r["cfg"]["train"]["lr"])].append(100 * val)
+            val_images[(r["setting"], row)] = int(r["cfg"]["dataset"].get("val_size") or 0)
     lrs = sorted({lr for cells in by.values() for lr in cells})
     out = [
         f"## The lr chosen on the validation split ({regime})",
         "",
-        "Final validation accuracy, %, by lr; the chosen lr is the highest (ties: the smaller lr).",
+        "Final validation accuracy, %, by lr; chosen: the smallest lr within one binomial "
+        "standard error of the highest (a tie on the split is broken towards the smaller step).",
         "",
         "| setting | row | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen |",
         "|---" * (len(lrs) + 3) + "|",
     ]
     for (sett, row), cells in sorted(by.items()):
         means = {lr: float(np.mean(v)) for lr, v in cells.items()}
-        best = max(sorted(means), key=lambda lr: means[lr])
+        best = chosen_lr(means, val_images[(sett, row)])
         shown = [f"{means[lr]:.2f}" if lr in means else "–" for lr in lrs]
         out.append(f"| {sett} | {row} | " + " | ".join(shown) + f" | {best:g} |")
     return [*out, ""]
