@@ -134,6 +134,19 @@ def table(results: dict, sweep_runs: int, full_rounds: int, mps: dict | None = N
     return "\n".join(lines)
 
 
+def docs_table(measured: dict, under_mps: dict | None = None) -> str:
+    """`table` of one --out file, with a second one's runs under MPS beside it (`feddb tables`)."""
+    cfg = measured["config"]
+    if "full_rounds" in cfg:
+        full = cfg["full_rounds"]
+    else:  # files written before they recorded it
+        from server_app.config import compose
+
+        full = compose([f"experiment={cfg['experiment']}"])["num_rounds"]
+    mps = under_mps["results"] if under_mps else None
+    return table(measured["results"], cfg["sweep_runs"], full, mps=mps)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="feddb throughput",

@@ -14,34 +14,16 @@ COMMANDS = {
     "sweep": ("feddb.sweep", "a resumable grid of runs (Hydra multirun: -m row=... seed=...)"),
     "report": ("feddb.report", "tables, paired differences and figures from run directories"),
     "claims": ("studies.claims", "the paper's claims tested on the claims study's runs"),
-    "reproduce": (
-        "studies.reproduce",
-        "re-run a table's runs and check they land within tolerance",
-    ),
+    "reproduce": ("studies.reproduce", "re-run a table's runs, check they land within tolerance"),
     "ladder": ("studies.ladder", "the sanity ladder: centralised, federated, protocol rungs"),
     "attacks": ("benchmarks.attacks", "the attack benchmark: one malicious client of five a round"),
     "bench": ("benchmarks.speed", "the speed benchmark"),
-    "overhead": (
-        "benchmarks.overhead",
-        "where a round's time goes with a null trainer, and Flower's floor",
-    ),
-    "startup": (
-        "benchmarks.startup",
-        "seconds from the launcher and the SuperLink to the first round",
-    ),
-    "threads": (
-        "benchmarks.threads",
-        "seconds per round by CPU threads, idle and beside a busy core",
-    ),
+    "overhead": ("benchmarks.overhead", "a round's time with a null trainer, and Flower's floor"),
+    "startup": ("benchmarks.startup", "seconds from the SuperLink's start to the first round"),
+    "threads": ("benchmarks.threads", "seconds a round by CPU threads, idle and by a busy core"),
     "throughput": ("benchmarks.throughput", "a sweep's rounds per second with N runs side by side"),
-    "floor": (
-        "benchmarks.floor",
-        "a sweep's FLOPs, counted, and the fastest fp32 could run them here",
-    ),
-    "tables": (
-        "benchmarks.tables",
-        "the docs' measured tables, rendered from the measurement files",
-    ),
+    "floor": ("benchmarks.floor", "a sweep's FLOPs, counted, and the fastest fp32 could run them"),
+    "tables": ("feddb.tables", "the docs' measured tables, rendered from the measurement files"),
     "deploy": ("feddb.deploy", "SuperLink and SuperNodes: certs, keys, export, local"),
 }
 NO_ARGV = ("sweep", "bench")  # these read sys.argv themselves (Hydra, argparse)

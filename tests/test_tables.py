@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
-from benchmarks import tables
+from benchmarks.throughput import docs_table
+from feddb import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_BENCH = ROOT / "docs/measurements/bench_cpu_small.json"
+BENCH = "benchmarks.speed:table"
 
 
 def test_the_docs_tables_match_their_files():
@@ -37,7 +38,7 @@ def page_with_bench(tmp_path: Path, data: dict, table: str = "| stale |") -> Pat
     (docs / "measurements/bench.json").write_text(json.dumps(data))
     page = docs / "speed.md"
     page.write_text(
-        f"# Speed\n\n<!-- feddb tables: bench measurements/bench.json -->\n{table}\n"
+        f"# Speed\n\n<!-- feddb tables: {BENCH} measurements/bench.json -->\n{table}\n"
         f"{tables.END}\n\nprose after\n"
     )
     return page
@@ -61,7 +62,7 @@ def test_throughput_beside_its_mps_measurement():
         json.loads((ROOT / f"docs/measurements/throughput_h200_paper{s}.json").read_text())
         for s in ("", "_mps")
     ]
-    rows = tables.throughput(files).split("\n")
+    rows = docs_table(*files).split("\n")
     assert rows[0].endswith("| 40 runs of 800 rounds |")
     assert re.fullmatch(r"\| 8 \| 1\.59 \| 0\.63 \| 3\.16 \| 0\.32 \| 2\.8 h \(MPS\) \|", rows[-1])
     assert rows[2] == "| 1 | 0.66 | 1.52 |  |  | 13.5 h |"
@@ -69,14 +70,13 @@ def test_throughput_beside_its_mps_measurement():
 
 def test_bad_markers_are_one_line_and_exit_2(tmp_path, capsys):
     page = page_with_bench(tmp_path, {})
-    page.write_text(page.read_text().replace("tables: bench", "tables: benhc"))
+    page.write_text(page.read_text().replace(BENCH, "benchmarks.speed:tabel"))
     assert tables.main(["--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "unknown table kind 'benhc'" in err and "\n" not in err
-    page.write_text(page.read_text().replace("benhc measurements/bench.json", "bench nope.json"))
+    assert "no function benchmarks.speed:tabel" in err and "\n" not in err
+    page.write_text(page.read_text().replace("tabel measurements/bench.json", "table nope.json"))
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no measurement file" in capsys.readouterr().err
-    shutil.rmtree(tmp_path / "docs/measurements")
-    page.write_text("<!-- feddb tables: bench x.json -->\n| a |\n")
+    page.write_text(f"<!-- feddb tables: {BENCH} x.json -->\n| a |\n")
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no '<!-- end of generated table -->'" in capsys.readouterr().err

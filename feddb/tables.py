@@ -1,0 +1,86 @@
+"""`feddb tables`: the docs' measured tables, rendered from the files the commands wrote.
+
+    feddb tables            # rewrite every generated table under docs/
+    feddb tables --check    # exit 1 naming each page whose tables differ from their files
+
+A generated table sits between two markers; the first names the function that renders it (the
+one its command prints with) and the files it reads, relative to the page:
+
+    <!-- feddb tables: benchmarks.speed:table measurements/bench_cpu_small.json -->
+    ...
+    <!-- end of generated table -->
+
+The function takes the parsed JSON files in order and returns the markdown, so a figure in the
+docs is the file's figure, never one typed by hand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+BEGIN = re.compile(r"^<!-- feddb tables: ([\w.]+):(\w+)((?: \S+)+) -->$")
+END = "<!-- end of generated table -->"
+
+
+class TableError(ValueError):
+    """A marker names a function or a file that is not there, or has no end marker."""
+
+
+def render(page: Path) -> str:
+    """The page with every generated table rendered afresh from its files."""
+    lines, out, i = page.read_text().split("\n"), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        m, i = BEGIN.match(lines[i]), i + 1
+        if not m:
+            continue
+        where = f"{page}:{i}"
+        end = next((j for j in range(i, len(lines)) if lines[j] == END), None)
+        if end is None:
+            raise TableError(f"{where}: no '{END}' after the table's first marker")
+        files = [page.parent / n for n in m.group(3).split()]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise TableError(f"{where}: no measurement file {', '.join(missing)}")
+        try:
+            make = getattr(importlib.import_module(m.group(1)), m.group(2))
+        except (ImportError, AttributeError):
+            raise TableError(f"{where}: no function {m.group(1)}:{m.group(2)}") from None
+        out += [make(*(json.loads(f.read_text()) for f in files)), END]
+        i = end + 1
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="feddb tables", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if any differs")
+    ap.add_argument("--root", default=str(PROJECT), help="the project whose docs/ to render")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(PROJECT))
+    stale = []
+    for page in sorted((Path(args.root) / "docs").rglob("*.md")):
+        try:
+            text = render(page)
+        except TableError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if text != page.read_text():
+            stale.append(page)
+            if not args.check:
+                page.write_text(text)
+    for page in stale:
+        print(
+            f"{page}: generated tables {'differ (run `feddb tables`)' if args.check else 'rewritten'}"
+        )
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
