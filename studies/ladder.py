@@ -119,6 +119,64 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def record(run: dict, seed: int) -> dict:
+    """A rung's run as ladder.json keeps it: what the docs' tables are rendered from."""
+    s, prov = run["summary"], json.loads((run["run_dir"] / "provenance.json").read_text())
+    return {
+        "rung": run["rung"],
+        "labels": run["labels"],
+        "method": run["method"],
+        "seed": seed,
+        "final_test_accuracy": s["final_test_accuracy"],
+        "selected_test_accuracy": s.get("selected_test_accuracy"),
+        "collapsed": bool(s["collapsed"]),
+        "pseudo_label_accuracy": run["pl_accuracy"],
+        **{k: prov.get(k) for k in ("hardware", "date", "commit")},
+    }
+
+
+def provenance(records: list[dict]) -> str:
+    """One line: the machines, dates, commits and seeds of the records."""
+    kinds = lambda key, f=str: ", ".join(sorted({f(r[key]) for r in records}))  # noqa: E731
+    collapsed = sum(r["collapsed"] for r in records)
+    return (
+        f"*{kinds('hardware')}; {kinds('date', lambda d: d[:10])}; commit "
+        f"{kinds('commit', lambda c: c[:7])}; seed {kinds('seed')}; {collapsed} of "
+        f"{len(records)} runs collapsed.*"
+    )
+
+
+def docs_table(records: list[dict]) -> str:
+    """Final test accuracy by rung and method (docs/results/protocol.md, `feddb tables`)."""
+    ladder = [r for r in records if not r["rung"].startswith("protocol")]
+    names = list(dict.fromkeys(r["method"] for r in ladder))
+    rungs: dict[str, dict[str, float]] = {}
+    for r in ladder:
+        rung = r["rung"] + (f", {r['labels']} labels" if r["rung"].startswith("central") else "")
+        rungs.setdefault(rung, {})[r["method"]] = r["final_test_accuracy"]
+    lines = ["| rung | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for rung, acc in rungs.items():
+        cells = [f"{100 * acc[n]:.2f}" if n in acc else "" for n in names]
+        lines.append(f"| {rung} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", provenance(ladder)])
+
+
+def protocol_table(records: list[dict]) -> str:
+    """The protocol rung: FixMatch with one part of the old protocol put back (`feddb tables`)."""
+    rows = [r for r in records if r["rung"].startswith("protocol")]
+    pct = lambda v: "–" if v is None else f"{100 * v:.2f}"  # noqa: E731
+    lines = [
+        "| FixMatch on the miniature (δ = 0.3), with | final test acc (%) | confident "
+        "pseudo-labels correct (%) |",
+        "|---|---|---|",
+    ] + [
+        f"| {r['method'].removeprefix('FixMatch, ')} | {pct(r['final_test_accuracy'])} | "
+        f"{pct(r['pseudo_label_accuracy'])} |"
+        for r in rows
+    ]
+    return "\n".join([*lines, "", provenance(rows)])
+
+
 def late(run_dir: Path) -> float:
     """Largest top-class share over the second half of the rounds (recomputed from the rounds)."""
     from server_app.recorder import run_summary
@@ -195,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = table(done)
     (out / "ladder.md").write_text(text + "\n")
+    (out / "ladder.json").write_text(json.dumps([record(r, args.seed) for r in done], indent=1))
     print(text)
     return 0
 

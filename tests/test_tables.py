@@ -80,3 +80,63 @@ def test_bad_markers_are_one_line_and_exit_2(tmp_path, capsys):
     page.write_text(f"<!-- feddb tables: {BENCH} x.json -->\n| a |\n")
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no '<!-- end of generated table -->'" in capsys.readouterr().err
+
+
+def ladder_records() -> list[dict]:
+    from studies.ladder import methods
+
+    names = list(methods())
+    prov = {"hardware": "Intel(R) Xeon(R) Processor, 2 cores", "date": "2026-11-28T14:00:00"}
+    out = [
+        {"rung": "central, minibatch", "labels": n, "method": m, "final_test_accuracy": acc}
+        for n, acc in ((100, 0.93), (40, 0.85))
+        for m in names[:2]
+    ]
+    out += [
+        {
+            "rung": "federated, dir0.1",
+            "labels": 100,
+            "method": m,
+            "final_test_accuracy": 0.8 + i / 100,
+        }
+        for i, m in enumerate(names)
+    ]
+    out += [
+        {
+            "rung": "protocol, dir0.3",
+            "labels": 100,
+            "method": "FixMatch, no warm-up",
+            "final_test_accuracy": 0.9255,
+            "pseudo_label_accuracy": None,
+        }
+    ]
+    return [{**prov, "commit": "abcdef0123", "seed": 0, "collapsed": False, **r} for r in out]
+
+
+def test_the_ladders_tables_pivot_its_records():
+    from studies.ladder import docs_table, methods, protocol_table
+
+    records = ladder_records()
+    table = docs_table(records).split("\n")
+    assert table[0] == "| rung | " + " | ".join(methods()) + " |"
+    assert table[2] == "| central, minibatch, 100 labels | 93.00 | 93.00 |  |  |"
+    assert table[4] == "| federated, dir0.1 | 80.00 | 81.00 | 82.00 | 83.00 |"
+    assert table[-1] == (
+        "*Intel(R) Xeon(R) Processor, 2 cores; 2026-11-28; commit abcdef0; seed 0; 0 of 8 runs "
+        "collapsed.*"
+    )
+    proto = protocol_table(records).split("\n")
+    assert proto[2] == "| no warm-up | 92.55 | – |" and "0 of 1 runs" in proto[-1]
+
+
+def test_a_rungs_record_keeps_its_provenance(tmp_path):
+    from studies.ladder import record
+
+    (tmp_path / "provenance.json").write_text(
+        json.dumps({"hardware": "h", "date": "d", "commit": "c", "torch": "t"})
+    )
+    run = {"rung": "federated, iid", "labels": 100, "method": "FedAvg", "run_dir": tmp_path}
+    summary = {"final_test_accuracy": 0.9, "selected_test_accuracy": 0.89, "collapsed": False}
+    rec = record({**run, "summary": summary, "pl_accuracy": None}, seed=3)
+    assert rec["seed"] == 3 and rec["final_test_accuracy"] == 0.9
+    assert (rec["hardware"], rec["date"], rec["commit"]) == ("h", "d", "c") and "torch" not in rec
