@@ -34,6 +34,7 @@ from feddb.launch import (
     TOKEN_VAR,
     absolute_paths,
     add_run_config,
+    completed,
     format_run_config,
     free_port,
     lean_app,
@@ -503,12 +504,7 @@ def run_local(
             reason = json.loads(failure.read_text()).get("reason", "")
             print(f"error: run failed: {reason}", file=sys.stderr)
             return FAILED_EXIT
-        if status.get("status") != "finished:completed":
-            print(
-                f"error: run {run_id} ended as {status.get('status')}: "
-                f"{status.get('status-details', '')}",
-                file=sys.stderr,
-            )
+        if not completed(run_id, status):
             return 1
         print(f"run {run_id}: {status['status']}", flush=True)
         return 0

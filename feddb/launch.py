@@ -504,12 +504,7 @@ def flwr_run(
 
             print(f"error: run failed: {FAILED[0]}", file=sys.stderr)
             return FAILED_EXIT
-        if status.get("status") != "finished:completed":
-            print(
-                f"error: run {run_id} ended as {status.get('status')}: "
-                f"{status.get('status-details', '')}",
-                file=sys.stderr,
-            )
+        if not completed(run_id, status):
             return 1
         if show:
             print(f"run {run_id}: {status['status']}")
@@ -586,6 +581,17 @@ def wait_for(run_id: int, env: dict, follow: bool) -> dict:
         if not follow or str(run.get("status", "")).startswith("finished"):
             return run
         time.sleep(1.0)
+
+
+def completed(run_id: int, status: dict) -> bool:
+    """Whether the run finished as completed; says how it ended where it did not."""
+    if status.get("status") == "finished:completed":
+        return True
+    print(
+        f"error: run {run_id} ended as {status.get('status')}: {status.get('status-details', '')}",
+        file=sys.stderr,
+    )
+    return False
 
 
 def gpus_per_client(value: str, cfg: dict) -> float:

@@ -3,15 +3,9 @@
     feddb tables            # rewrite every generated table under docs/
     feddb tables --check    # exit 1 naming each page whose tables differ from their files
 
-A generated table sits between two markers; the first names the function that renders it (the
-one its command prints with) and the files it reads, relative to the page:
-
-    <!-- feddb tables: benchmarks.speed:table measurements/bench_cpu_small.json -->
-    ...
-    <!-- end of generated table -->
-
-The function takes the parsed JSON files in order and returns the markdown, so a figure in the
-docs is the file's figure, never one typed by hand."""
+A generated table sits between `<!-- feddb tables: benchmarks.speed:table measurements/x.json -->`
+and `<!-- end of generated table -->`: the function its command prints with, called with the
+parsed JSON files (paths relative to the page), renders it; no figure is typed by hand."""
 
 from __future__ import annotations
 
