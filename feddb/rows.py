@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from fssl.checks import ConfigError
-from fssl.methods import method_class
+from fssl.methods import display_name
 
 PROJECT = Path(__file__).resolve().parents[1]
 TABLE = PROJECT / "conf" / "comparison"
@@ -80,19 +80,14 @@ def method_yaml(name: str) -> dict[str, Any]:
     the trainer (its class gives the display name)."""
     if ":" not in name and own_yaml(name):
         return own_yaml(name)
-    return {"name": name, "trainer": name, "display": None, "dpl": False, "dma": False}
+    return {"name": name, "trainer": name, "dpl": False, "dma": False}
 
 
 def method_display(m: dict[str, Any]) -> str:
-    """A method's display name: its configuration's, else its YAML's (runs saved before the
-    configuration carried one), else its class's, else its name (a class that no longer loads)."""
-    if m.get("display"):
-        return str(m["display"])
-    shown = own_yaml(str(m.get("name"))).get("display")
-    if shown:
-        return str(shown)
+    """A method's display name: its configuration's (runs saved when the YAML carried one), else
+    its class's, else its name (a class that no longer loads)."""
     try:
-        return str(method_class(m["trainer"]).display)
+        return display_name(m)
     except (ConfigError, KeyError):
         return str(m.get("name"))
 

@@ -210,5 +210,6 @@ def make_model(
 
 
 def display_name(m: dict[str, Any]) -> str:
-    """How reports name the method: its YAML's `display`, else its class's."""
+    """How reports name the method: its class's `display` (a run saved with a `display` in its
+    configuration keeps that one)."""
     return m.get("display") or method_class(m["trainer"]).display

@@ -79,7 +79,7 @@ class LocalTrainer:
     `server`, `display`) is what the framework asks of a method instead of its name."""
 
     uses_unlabeled = False
-    display = "labels only"  # how reports name it (a method's YAML `display` wins)
+    display = "labels only"  # how reports name it
     # `method.*` values of a method given by path, which has no YAML (a built-in's YAML holds
     # them): e.g. {"pseudo_labels": "online", "ema": 0.97}; a user's `+method.<key>=` wins
     defaults: dict[str, Any] = {}
