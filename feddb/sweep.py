@@ -74,11 +74,12 @@ def row_dir(row: str) -> str:
 
 
 def run_dir_of(cfg: Any) -> Path:
-    lr = cfg.get("lr")
+    value = cfg.get("value")
+    tuned = "" if value is None else f"@{str(cfg.tune).rpartition('.')[2]}{value}"
     return (
         Path(str(cfg.out)).resolve()
         / f"{cfg.dataset}_{cfg.partition}"
-        / (row_dir(str(cfg.row)) + ("" if lr is None else f"@lr{lr}"))
+        / (row_dir(str(cfg.row)) + tuned)
         / f"s{cfg.seed}"
     )
 
@@ -114,11 +115,11 @@ def join_overrides(row: str, extra: str) -> tuple[str, str]:
     return format_run_config(theirs), format_run_config(ours)
 
 
-def with_lr(extra: str, lr: Any) -> str:
-    """The sweep's run-config with `train.lr=<lr>` last among its overrides (it wins)."""
-    if lr is None:
+def with_value(extra: str, key: str, value: Any) -> str:
+    """The sweep's run-config with `<key>=<value>` last among its overrides (it wins)."""
+    if value is None:
         return extra
-    part = f"overrides='train.lr={lr}'"
+    part = f"overrides='{key}={value}'"
     if not extra.strip():
         return part
     first, second = join_overrides(extra, part)
@@ -182,7 +183,8 @@ def run_one(cfg: Any) -> dict[str, Any]:
     if interrupted:
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
-        row, extra = join_overrides(config, with_lr(str(cfg.run_config), cfg.get("lr")))
+        tuned = with_value(str(cfg.run_config), cfg.tune, cfg.get("value"))
+        row, extra = join_overrides(config, tuned)
         run_config = (
             f"{row} dataset='{cfg.dataset}' partition='{cfg.partition}' "
             f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' {extra}"

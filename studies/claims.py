@@ -679,13 +679,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
     everything = load(root)
-    lr_runs = [r for r in everything if r["regime"].startswith(factors.LR_PREFIX)]
-    cause = [r for r in everything if r["regime"] == factors.CAUSE]
-    runs = [
-        r
-        for r in everything
-        if r["regime"] != factors.CAUSE and not r["regime"].startswith(factors.LR_PREFIX)
-    ]
+    selections = [r for r in everything if factors.tuned(r)]
+    cause = [r for r in everything if r["regime"] == factors.CAUSE and not factors.tuned(r)]
+    runs = [r for r in everything if r["regime"] != factors.CAUSE and not factors.tuned(r)]
     if not everything:
         print(
             f"error: no complete runs below {root}/<regime>/ (run `feddb sweep -m "
@@ -702,9 +698,9 @@ def main(argv: list[str] | None = None) -> int:
         exact = compose([f"experiment={factors.PRESET}"])
         table = factors.markdown(cause, exact)
         text += "\n\n" + "\n".join(table[:2] + [provenance_line(cause), ""] + table[2:])
-    for regime in sorted({r["regime"] for r in lr_runs}):
-        mine = [r for r in lr_runs if r["regime"] == regime]
-        table = factors.lr_markdown(mine, regime)
+    for regime in sorted({r["regime"] for r in selections}):
+        mine = [r for r in selections if r["regime"] == regime]
+        table = factors.selection_markdown(mine, regime)
         text += "\n\n" + "\n".join(table[:2] + [provenance_line(mine), ""] + table[2:])
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")

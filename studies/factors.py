@@ -8,6 +8,7 @@ pair is made only of two runs of one seed on one kind of device."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -120,43 +121,50 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-LR_PREFIX = "lr"  # regime directories of lr selections (`feddb sweep ... lr=a,b,c out=.../lr_x`)
+def tuned(run: dict[str, Any]) -> tuple[str, str, float] | None:
+    """(row, the tuned key's short name, value) of a run a selection sweep made (its directory
+    `<row>@<name><value>`, `feddb sweep ... tune=<key> value=a,b,c`), else None."""
+    m = re.fullmatch(r"(.+)@([A-Za-z_]+)(-?[\d.]+(?:e-?\d+)?)", run["dir"].parent.name)
+    return (m.group(1), m.group(2), float(m.group(3))) if m else None
 
 
-def chosen_lr(means: dict[float, float], val_images: int) -> float:
-    """The lr chosen on validation: the highest final validation accuracy (%) wins, and one within
-    a binomial standard error of it is a tie, broken towards the smaller lr (the smaller step is
-    the safer guess when the split cannot tell them apart)."""
+def chosen(means: dict[float, float], val_images: int) -> float:
+    """The value chosen on validation: the highest final validation accuracy (%) wins, and one
+    within a binomial standard error of it is a tie, broken towards the smaller value (for an lr
+    the smaller step, the safer guess when the split cannot tell them apart)."""
     best = max(means.values())
     p = best / 100
     se = 100 * (p * (1 - p) / max(val_images, 1)) ** 0.5
-    return min(lr for lr, v in means.items() if v >= best - se)
+    return min(v for v, acc in means.items() if acc >= best - se)
 
 
-def lr_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
-    """An lr selection's table: per setting and row, the final validation accuracy of each lr
-    (mean over the seeds run, seed 0 in the studies) and the lr chosen (chosen_lr)."""
+def selection_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
+    """A selection's table: per setting and row, the final validation accuracy at each value
+    (mean over the seeds run, seed 0 in the studies) and the value chosen (`chosen`)."""
     by: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     val_images: dict[tuple[str, str], int] = {}
+    names = set()
     for r in runs:
-        row = r["dir"].parent.name.partition("@lr")[0]
+        row, name, value = tuned(r)
+        names.add(name)
         val = r["rounds"][-1].get("val_accuracy")
         if val is not None:
-            by[(r["setting"], row)][float(r["cfg"]["train"]["lr"])].append(100 * val)
+            by[(r["setting"], row)][value].append(100 * val)
             val_images[(r["setting"], row)] = int(r["cfg"]["dataset"].get("val_size") or 0)
-    lrs = sorted({lr for cells in by.values() for lr in cells})
+    name = "/".join(sorted(names))
+    values = sorted({v for cells in by.values() for v in cells})
     out = [
-        f"## The lr chosen on the validation split ({regime})",
+        f"## The {name} chosen on the validation split ({regime})",
         "",
-        "Final validation accuracy, %, by lr; chosen: the smallest lr within one binomial "
-        "standard error of the highest (a tie on the split is broken towards the smaller step).",
+        "Final validation accuracy, %, by value; chosen: the smallest value within one binomial "
+        "standard error of the highest (a tie on the split is broken towards the smaller value).",
         "",
-        "| setting | row | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen |",
-        "|---" * (len(lrs) + 3) + "|",
+        "| setting | row | " + " | ".join(f"{name} {v:g}" for v in values) + " | chosen |",
+        "|---" * (len(values) + 3) + "|",
     ]
     for (sett, row), cells in sorted(by.items()):
-        means = {lr: float(np.mean(v)) for lr, v in cells.items()}
-        best = chosen_lr(means, val_images[(sett, row)])
-        shown = [f"{means[lr]:.2f}" if lr in means else "–" for lr in lrs]
+        means = {v: float(np.mean(acc)) for v, acc in cells.items()}
+        best = chosen(means, val_images[(sett, row)])
+        shown = [f"{means[v]:.2f}" if v in means else "–" for v in values]
         out.append(f"| {sett} | {row} | " + " | ".join(shown) + f" | {best:g} |")
     return [*out, ""]

@@ -584,26 +584,57 @@ def test_an_lr_selection_is_tabled_with_the_lr_chosen_on_validation(tmp_path):
 
 
 def test_an_lr_within_a_standard_error_of_the_best_ties_towards_the_smaller():
-    from studies.factors import chosen_lr
+    from studies.factors import chosen
 
     # 1000 validation images at 92.6 %: one standard error is 0.83 points
-    assert chosen_lr({0.03: 88.40, 0.1: 92.50, 0.3: 92.60}, 1000) == 0.1
-    assert chosen_lr({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 1000) == 0.3
-    assert chosen_lr({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 100) == 0.1  # a smaller split
+    assert chosen({0.03: 88.40, 0.1: 92.50, 0.3: 92.60}, 1000) == 0.1
+    assert chosen({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 1000) == 0.3
+    assert chosen({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 100) == 0.1  # a smaller split
 
 
 def test_a_sweep_sets_the_lr_last_and_keeps_its_runs_apart():
     from omegaconf import OmegaConf
 
-    from feddb.sweep import run_dir_of, with_lr
+    from feddb.sweep import run_dir_of, with_value
 
-    assert with_lr("", 0.1) == "overrides='train.lr=0.1'"
-    assert with_lr("num-server-rounds=2", 0.1) == "num-server-rounds=2 overrides='train.lr=0.1'"
-    merged = with_lr("seed=1 overrides='train.tau=0.5'", 0.1)
+    assert with_value("", "train.lr", 0.1) == "overrides='train.lr=0.1'"
+    assert (
+        with_value("num-server-rounds=2", "train.lr", 0.1)
+        == "num-server-rounds=2 overrides='train.lr=0.1'"
+    )
+    merged = with_value("seed=1 overrides='train.tau=0.5'", "train.lr", 0.1)
     assert "train.tau=0.5 train.lr=0.1" in merged and "seed=1" in merged
     cfg = OmegaConf.create(
-        {"out": "/tmp/x", "dataset": "mnist10k", "partition": "dir0.1", "row": "feddb", "seed": 0}
+        {
+            "out": "/tmp/x",
+            "dataset": "mnist10k",
+            "partition": "dir0.1",
+            "row": "feddb",
+            "seed": 0,
+            "tune": "train.lr",
+        }
     )
     assert run_dir_of(cfg).parent.name == "feddb"
-    cfg.lr = 0.03
+    cfg.value = 0.03
     assert run_dir_of(cfg).parent.name == "feddb@lr0.03"
+    cfg.tune, cfg.value = "method.debias", 1.0
+    assert run_dir_of(cfg).parent.name == "feddb@debias1.0"
+
+
+def test_a_method_parameter_is_selected_like_the_lr(tmp_path):
+    for lam, acc in ((0.4, 0.80), (0.5, 0.805), (1.0, 0.70)):
+        fake_run(
+            tmp_path,
+            f"debiaspl@debias{lam}",
+            0,
+            acc,
+            0.5,
+            0.14,
+            regime="debias_test",
+            extra=["method=debiaspl", f"method.debias={lam}"],
+        )
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    assert "## The debias chosen on the validation split (debias_test)" in md
+    assert "| δ=0.1 | debiaspl | 80.00 | 80.50 | 70.00 | 0.4 |" in md  # 0.5 within a standard error

@@ -144,6 +144,38 @@ def test_sweep_presets_compose():
                 assert cfg.experiment == f"paper/{d}_{p}" and cfg.experiment in experiments
 
 
+@pytest.mark.parametrize(
+    "preset", sorted(p.stem for p in (PROJECT / "conf/sweeps/sweep").glob("*.yaml"))
+)
+def test_every_preset_sweeps_known_rows_of_a_real_experiment(preset):
+    """Each top-level preset composes; its rows are rows, its experiment and partitions compose,
+    and the key a selection tunes is a key of that configuration."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from feddb.rows import table
+    from fssl.checks import lookup
+
+    with initialize_config_dir(config_dir=str(PROJECT / "conf" / "sweeps"), version_base=None):
+        cfg = hydra_compose(
+            config_name="config", overrides=[f"sweep={preset}"], return_hydra_config=True
+        )
+    params = cfg.hydra.sweeper.params
+    names = str(params.get("row", cfg.row)).split(",")
+    assert set(names) <= set(table())
+    for part in str(params.get("partition", cfg.partition)).split(","):
+        for name in names if "value" in params else names[:1]:
+            run = compose(
+                [
+                    f"experiment={cfg.experiment}",
+                    f"partition={part}",
+                    f"method={table()[name].method}",
+                ]
+            )
+            parent, key = lookup(run, cfg.tune)
+            assert key in parent, (name, cfg.tune)
+
+
 def test_sweep_table_preset_runs_every_dataset_with_its_paper_experiment(tmp_path):
     res = sweep(tmp_path, "sweep=paper/table_dir0.1", "row=feddb", "seed=0")
     assert res.returncode == 0, res.stdout + res.stderr
