@@ -3,7 +3,7 @@ DPL, DMA, DPL's prior, the server strategy, other overrides, its display name, a
 compared with (paired, per seed, in `feddb report`). Sweeps run
 rows by name; `feddb report` and the claims study name and order runs by it; the ladder picks its
 rows from it. Every method of conf/method/ is a row by its own name, so a new method needs no
-entry; display names come from the methods' YAML (else their class)."""
+entry; display names come from the methods' classes."""
 
 from __future__ import annotations
 

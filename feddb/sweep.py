@@ -75,7 +75,7 @@ def row_dir(row: str) -> str:
 
 def run_dir_of(cfg: Any) -> Path:
     value = cfg.get("value")
-    tuned = "" if value is None else f"@{str(cfg.tune).rpartition('.')[2]}{value}"
+    tuned = "" if value is None else f"@{str(cfg.tune).rpartition('.')[2]}={value}"
     return (
         Path(str(cfg.out)).resolve()
         / f"{cfg.dataset}_{cfg.partition}"
@@ -368,6 +368,8 @@ class SweepSummary(Callback):
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
         problem = row_problem(swept_rows(params, task))
+        if "lr" in params or any(str(t).lstrip("+").startswith("lr=") for t in task):
+            problem = "the sweep key lr is now value (tune=train.lr is the default): value=0.01,0.1"
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)

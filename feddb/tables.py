@@ -22,7 +22,7 @@ END = "<!-- end of generated table -->"
 
 
 class TableError(ValueError):
-    """A marker names a function or a file that is not there, or has no end marker."""
+    """A marker without its end, function or files, or files its function cannot render."""
 
 
 def render(page: Path) -> str:
@@ -34,8 +34,8 @@ def render(page: Path) -> str:
         if not m:
             continue
         where = f"{page}:{i}"
-        end = next((j for j in range(i, len(lines)) if lines[j] == END), None)
-        if end is None:
+        end = next((j for j in range(i, len(lines)) if lines[j] == END or BEGIN.match(lines[j])), i)
+        if lines[end : end + 1] != [END]:
             raise TableError(f"{where}: no '{END}' after the table's first marker")
         files = [page.parent / n for n in m.group(3).split()]
         missing = [str(f) for f in files if not f.is_file()]
@@ -45,7 +45,12 @@ def render(page: Path) -> str:
             make = getattr(importlib.import_module(m.group(1)), m.group(2))
         except (ImportError, AttributeError):
             raise TableError(f"{where}: no function {m.group(1)}:{m.group(2)}") from None
-        out += [make(*(json.loads(f.read_text()) for f in files)), END]
+        try:
+            out += [make(*(json.loads(f.read_text()) for f in files)), END]
+        except (ValueError, KeyError, TypeError) as err:  # a file that is not the function's
+            raise TableError(
+                f"{where}: {m.group(1)}:{m.group(2)} cannot render it: {err!r}"
+            ) from None
         i = end + 1
     return "\n".join(out)
 

@@ -679,7 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
     everything = load(root)
-    selections = [r for r in everything if factors.tuned(r)]
+    try:
+        selections = [r for r in everything if factors.tuned(r)]
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     cause = [r for r in everything if r["regime"] == factors.CAUSE and not factors.tuned(r)]
     runs = [r for r in everything if r["regime"] != factors.CAUSE and not factors.tuned(r)]
     if not everything:

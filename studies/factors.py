@@ -8,7 +8,6 @@ pair is made only of two runs of one seed on one kind of device."""
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any
 
@@ -121,21 +120,31 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-def tuned(run: dict[str, Any]) -> tuple[str, str, float] | None:
+def tuned(run: dict[str, Any]) -> tuple[str, str, float | str] | None:
     """(row, the tuned key's short name, value) of a run a selection sweep made (its directory
-    `<row>@<name><value>`, `feddb sweep ... tune=<key> value=a,b,c`), else None."""
-    m = re.fullmatch(r"(.+)@([A-Za-z_]+)(-?[\d.]+(?:e-?\d+)?)", run["dir"].parent.name)
-    return (m.group(1), m.group(2), float(m.group(3))) if m else None
+    `<row>@<name>=<value>`, `feddb sweep ... tune=<key> value=a,b,c`), else None."""
+    row, at, choice = run["dir"].parent.name.partition("@")
+    if not at:
+        return None
+    name, eq, value = choice.partition("=")
+    if not eq:
+        raise ValueError(f"{run['dir']}: a selection's run directory is <row>@<name>=<value>")
+    try:
+        return row, name, float(value)
+    except ValueError:
+        return row, name, value  # e.g. tune=model.norm value=bn,gn
 
 
-def chosen(means: dict[float, float], val_images: int) -> float:
+def chosen(means: dict, val_images: int) -> float | str:
     """The value chosen on validation: the highest final validation accuracy (%) wins, and one
     within a binomial standard error of it is a tie, broken towards the smaller value (for an lr
     the smaller step, the safer guess when the split cannot tell them apart)."""
+    if val_images < 1:
+        raise ValueError("a selection needs a validation split (dataset.val_size > 0)")
     best = max(means.values())
     p = best / 100
-    se = 100 * (p * (1 - p) / max(val_images, 1)) ** 0.5
-    return min(v for v, acc in means.items() if acc >= best - se)
+    se = 100 * (p * (1 - p) / val_images) ** 0.5
+    return min((v for v, acc in means.items() if acc >= best - se), key=lambda v: (str(type(v)), v))
 
 
 def selection_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
@@ -152,19 +161,19 @@ def selection_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
             by[(r["setting"], row)][value].append(100 * val)
             val_images[(r["setting"], row)] = int(r["cfg"]["dataset"].get("val_size") or 0)
     name = "/".join(sorted(names))
-    values = sorted({v for cells in by.values() for v in cells})
+    values = sorted({v for cells in by.values() for v in cells}, key=lambda v: (str(type(v)), v))
     out = [
         f"## The {name} chosen on the validation split ({regime})",
         "",
         "Final validation accuracy, %, by value; chosen: the smallest value within one binomial "
         "standard error of the highest (a tie on the split is broken towards the smaller value).",
         "",
-        "| setting | row | " + " | ".join(f"{name} {v:g}" for v in values) + " | chosen |",
+        "| setting | row | " + " | ".join(f"{name} {v}" for v in values) + " | chosen |",
         "|---" * (len(values) + 3) + "|",
     ]
     for (sett, row), cells in sorted(by.items()):
         means = {v: float(np.mean(acc)) for v, acc in cells.items()}
         best = chosen(means, val_images[(sett, row)])
         shown = [f"{means[v]:.2f}" if v in means else "–" for v in values]
-        out.append(f"| {sett} | {row} | " + " | ".join(shown) + f" | {best:g} |")
+        out.append(f"| {sett} | {row} | " + " | ".join(shown) + f" | {best} |")
     return [*out, ""]

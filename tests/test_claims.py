@@ -568,7 +568,7 @@ def test_an_lr_selection_is_tabled_with_the_lr_chosen_on_validation(tmp_path):
     for lr, acc in ((0.01, 0.80), (0.03, 0.86), (0.1, 0.84)):
         fake_run(
             tmp_path,
-            f"fixmatch@lr{lr}",
+            f"fixmatch@lr={lr}",
             0,
             acc,
             0.5,
@@ -590,6 +590,13 @@ def test_an_lr_within_a_standard_error_of_the_best_ties_towards_the_smaller():
     assert chosen({0.03: 88.40, 0.1: 92.50, 0.3: 92.60}, 1000) == 0.1
     assert chosen({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 1000) == 0.3
     assert chosen({0.03: 88.40, 0.1: 91.70, 0.3: 92.60}, 100) == 0.1  # a smaller split
+    assert chosen({"bn": 90.0, "gn": 92.0}, 1000) == "gn"
+
+
+def test_a_selection_directory_that_names_no_value_is_refused(tmp_path, capsys):
+    fake_run(tmp_path, "fixmatch@lr0.03", 0, 0.9, 0.5, 0.14, regime="lr_test")
+    assert claims.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "<row>@<name>=<value>" in capsys.readouterr().err
 
 
 def test_a_sweep_sets_the_lr_last_and_keeps_its_runs_apart():
@@ -616,16 +623,16 @@ def test_a_sweep_sets_the_lr_last_and_keeps_its_runs_apart():
     )
     assert run_dir_of(cfg).parent.name == "feddb"
     cfg.value = 0.03
-    assert run_dir_of(cfg).parent.name == "feddb@lr0.03"
+    assert run_dir_of(cfg).parent.name == "feddb@lr=0.03"
     cfg.tune, cfg.value = "method.debias", 1.0
-    assert run_dir_of(cfg).parent.name == "feddb@debias1.0"
+    assert run_dir_of(cfg).parent.name == "feddb@debias=1.0"
 
 
 def test_a_method_parameter_is_selected_like_the_lr(tmp_path):
     for lam, acc in ((0.4, 0.80), (0.5, 0.805), (1.0, 0.70)):
         fake_run(
             tmp_path,
-            f"debiaspl@debias{lam}",
+            f"debiaspl@debias={lam}",
             0,
             acc,
             0.5,

@@ -101,6 +101,12 @@ def test_sweep_rejects_an_unknown_row_before_any_run(tmp_path):
     assert "fedavg, fixmatch, fedmatch" in res.stderr and not list(tmp_path.rglob("s0"))
 
 
+def test_the_old_lr_key_is_refused_pointing_to_value(tmp_path):
+    res = sweep(tmp_path, "row=fedavg", "lr=0.03,0.1")
+    assert res.returncode == 2 and "the sweep key lr is now value" in res.stderr
+    assert not list(tmp_path.rglob("s0"))
+
+
 def test_sweep_presets_compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

@@ -80,6 +80,18 @@ def test_bad_markers_are_one_line_and_exit_2(tmp_path, capsys):
     page.write_text(f"<!-- feddb tables: {BENCH} x.json -->\n| a |\n")
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no '<!-- end of generated table -->'" in capsys.readouterr().err
+    # a table without its end marker never swallows the next table
+    bench = page.parent / "measurements/bench.json"
+    first = f"<!-- feddb tables: {BENCH} measurements/bench.json -->"
+    page.write_text(f"{first}\n| a |\n\n{first}\n| b |\n{tables.END}\n")
+    assert tables.main(["--root", str(tmp_path)]) == 2
+    assert "no '<!-- end of generated table -->'" in capsys.readouterr().err
+    assert page.read_text().count(first) == 2
+    page.write_text(f"{first}\n{tables.END}\n")
+    bench.write_text("{not json")
+    assert tables.main(["--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot render it" in err and "Traceback" not in err
 
 
 def ladder_records() -> list[dict]:
