@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 from feddb.rows import table
 from fssl.runtime import cores
@@ -52,6 +53,17 @@ def rows() -> dict[str, str]:
     """Row name -> run-config, from the one table of runs (feddb/rows.py): every method of
     conf/method/ by its name, then every row of conf/comparison/*.yaml."""
     return {name: row.run_config() for name, row in table().items()}
+
+
+def section_rows(section: str) -> str:
+    """`row: ${rows:<section>}` in a preset: the rows of that section of conf/comparison/."""
+    names = [name for name, row in table().items() if row.section == section]
+    if not names:
+        raise ValueError(f"no section '{section}' in conf/comparison/*.yaml")
+    return ",".join(names)
+
+
+OmegaConf.register_new_resolver("rows", section_rows, replace=True)
 
 
 def is_method_path(row: str) -> bool:
