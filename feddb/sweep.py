@@ -7,23 +7,11 @@ conf/sweeps/sweep/). The sweep has its own config root so that `dataset=`, `part
     feddb sweep --jobs auto -m sweep=mnist_miniature     # runs side by side, one per core
     feddb sweep -m row=fedavg,feddb seed=0,1,2 out=runs/mine run_config="num-server-rounds=20"
 
-A run whose directory holds a complete result (summary.json with every round) is skipped; one that
-was interrupted after a checkpoint is resumed from it; a failed run is recorded in
-<out>/sweep_status.jsonl and the sweep goes on. At the end the sweep lists what it ran, skipped and
-what failed (with the log of each failure) and exits 1 if anything failed.
-
-`--jobs N` runs N combinations at once through Hydra's joblib launcher plugin (each in its own
-process, with its own in-process engine or SuperLink, FLWR_HOME and ports); each gets
-cores / N CPU threads, so N runs do not oversubscribe the machine. `--jobs auto`: one run per
-core on a CPU-only machine, at most 4 sharing a GPU. A run's result does not depend on N
-(tests/test_sweep_and_report.py runs the same sweep with 1 and 2 jobs).
-
-`--mps` runs the sweep under NVIDIA's Multi-Process Service, so that the kernels of the runs
-sharing a GPU run at once instead of time-sliced. On a GPU the fastest sweep runs N runs in-process
-under MPS (`feddb throughput` measures it; docs/speed.md has the figures):
-
-    feddb sweep --jobs 8 --mps -m sweep=paper/cifar10_dir0.3 'launcher=[python,-m,feddb.inprocess]' \\
-        run_config="data-path='/data'"
+A complete run (summary.json with every round) is skipped, an interrupted one resumed from its
+checkpoint, a failed one recorded in <out>/sweep_status.jsonl; at the end the sweep lists what it
+ran, skipped and failed (with each failure's log) and exits 1 if anything failed. `--jobs N` runs
+N at once (Hydra's joblib launcher, each with cores / N CPU threads; the results do not depend on
+N, tested); `--mps` shares a GPU under NVIDIA's MPS (docs/speed.md: the fastest paper sweep).
 """
 
 from __future__ import annotations
