@@ -433,7 +433,7 @@ The sweep's own flags (before or after Hydra's):
   --mps           run under NVIDIA's Multi-Process Service (started and stopped unless running)
 
 Hydra's help follows; the keys (row, dataset, partition, experiment, seed, out, run_config,
-launcher, launcher_args) are in conf/sweeps/config.yaml, presets in conf/sweeps/sweep/.
+tune, value, launcher, launcher_args) are in conf/sweeps/config.yaml, presets in conf/sweeps/sweep/.
 """
 
 
