@@ -63,21 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=str(PROJECT), help="the project whose docs/ to render")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
-    stale = []
-    for page in sorted((Path(args.root) / "docs").rglob("*.md")):
-        try:
-            text = render(page)
-        except TableError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+    docs, stale = Path(args.root) / "docs", []
+    try:
+        if not docs.is_dir():
+            raise TableError(f"no docs/ in {args.root}: give --root the project's directory")
+        rendered = {page: render(page) for page in sorted(docs.rglob("*.md"))}
+    except TableError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for page, text in rendered.items():
         if text != page.read_text():
             stale.append(page)
+            print(f"{page}: generated tables {'differ' if args.check else 'rewritten'}")
             if not args.check:
                 page.write_text(text)
-    for page in stale:
-        print(
-            f"{page}: generated tables {'differ (run `feddb tables`)' if args.check else 'rewritten'}"
-        )
     return 1 if args.check and stale else 0
 
 

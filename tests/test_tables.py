@@ -77,6 +77,8 @@ def test_bad_markers_are_one_line_and_exit_2(tmp_path, capsys):
     page.write_text(page.read_text().replace("tabel measurements/bench.json", "table nope.json"))
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no measurement file" in capsys.readouterr().err
+    assert tables.main(["--root", str(tmp_path / "nowhere")]) == 2
+    assert "no docs/ in" in capsys.readouterr().err
     page.write_text(f"<!-- feddb tables: {BENCH} x.json -->\n| a |\n")
     assert tables.main(["--root", str(tmp_path)]) == 2
     assert "no '<!-- end of generated table -->'" in capsys.readouterr().err
