@@ -261,7 +261,7 @@ GENERATED = {
     "docs/claims/claims.md",
     "docs/running/bad_inputs.md",
     *(f"docs/{d}/results.md" for d in ("methods_study", "miniature", "partitioners")),
-    *(f"docs/{d}/results.md" for d in ("scenarios", "strategies", "softmatch")),
+    *(f"docs/{d}/results.md" for d in ("scenarios", "strategies", "softmatch", "global_prior")),
 }
 
 
