@@ -1,6 +1,7 @@
 """runs.csv: every run a table was made from (its row, dataset, partition, scenario, seed, final
 and selected test accuracy, commit, hardware and exact run-config), written beside the tables of
-`feddb report` and `feddb claims` and read by `feddb reproduce`."""
+`feddb report` and `feddb claims` and read by `feddb reproduce`; when each run started, for
+the provenance lines of tables made from it."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ FIELDS = [
     "selected",
     "commit",
     "hardware",
+    "date",
     "run_config",
 ]
+ORDER = ("regime", "scenario", "dataset", "partition", "row", "seed")
 
 
 def run_fields(run: dict) -> dict:
@@ -48,23 +51,14 @@ def run_fields(run: dict) -> dict:
         "selected": "" if run["selected"] is None else f"{100 * run['selected']:.2f}",
         "commit": str(prov.get("commit") or "")[:12],
         "hardware": prov.get("hardware", ""),
+        "date": str(prov.get("date") or "")[:19],
         "run_config": json.dumps(rc),
     }
 
 
 def write_runs(runs: list[dict], path: Path) -> None:
     """runs.csv: every run a table was made from, for `feddb reproduce`."""
-    lines = sorted(
-        (run_fields(r) for r in runs),
-        key=lambda f: (
-            f["regime"],
-            f["scenario"],
-            f["dataset"],
-            f["partition"],
-            f["row"],
-            f["seed"],
-        ),
-    )
+    lines = sorted((run_fields(r) for r in runs), key=lambda f: tuple(f[k] for k in ORDER))
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()

@@ -1,15 +1,16 @@
-"""`feddb tables`: the docs' measured tables, rendered from the files the commands wrote.
+"""`feddb tables`: the README's and docs' measured tables, rendered from the files commands wrote.
 
-    feddb tables            # rewrite every generated table under docs/
+    feddb tables            # rewrite every generated table (README.md, docs/)
     feddb tables --check    # exit 1 naming each page whose tables differ from their files
 
 A generated table sits between `<!-- feddb tables: benchmarks.speed:table measurements/x.json -->`
 and `<!-- end of generated table -->`: the function its command prints with, called with the
-parsed JSON files (paths relative to the page), renders it; no figure is typed by hand."""
+parsed files (JSON, or CSV as a list of rows; paths relative to the page), renders it."""
 
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
 import json
 import re
@@ -46,13 +47,19 @@ def render(page: Path) -> str:
         except (ImportError, AttributeError):
             raise TableError(f"{where}: no function {m.group(1)}:{m.group(2)}") from None
         try:
-            out += [make(*(json.loads(f.read_text()) for f in files)), END]
+            out += [make(*(parsed(f) for f in files)), END]
         except (ValueError, KeyError, TypeError) as err:  # a file that is not the function's
             raise TableError(
                 f"{where}: {m.group(1)}:{m.group(2)} cannot render it: {err!r}"
             ) from None
         i = end + 1
     return "\n".join(out)
+
+
+def parsed(f: Path) -> object:
+    """A measurement file: JSON, or a CSV (`feddb claims`' claims.csv) as its rows."""
+    text = f.read_text()
+    return list(csv.DictReader(text.splitlines())) if f.suffix == ".csv" else json.loads(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not docs.is_dir():
             raise TableError(f"no docs/ in {args.root}: give --root the project's directory")
-        rendered = {page: render(page) for page in sorted(docs.rglob("*.md"))}
+        pages = [docs.parent / "README.md", *sorted(docs.rglob("*.md"))]
+        rendered = {page: render(page) for page in pages if page.is_file()}
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

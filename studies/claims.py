@@ -324,6 +324,62 @@ def verdict_text(row: dict[str, Any]) -> str:
     return f"{verdict(row)} ({basis}, p_Holm {p_text(row['p_holm'])})"
 
 
+# The README's main result: the CPU and the authors' regimes at δ = 0.1 and 0.3
+README_CELLS = [(g, s) for g in ("cpu", "authors") for s in ("δ=0.1", "δ=0.3")]
+REGIME_NAMES = {"cpu": "CPU", "authors": "authors'"}
+
+
+def readme_table(claims: list[dict[str, str]], runs: list[dict[str, str]]) -> str:
+    """The README's table (`feddb tables`, from claims.csv and runs.csv): each claim's primary
+    comparison per regime and setting, bold where the Holm-corrected test decides it, the collapse
+    counts where they decide; then the provenance of the runs it rests on."""
+    primary = {(r["regime"], r["setting"], r["claim"]): r for r in claims if r["primary"] == "1"}
+    cells = [c for c in README_CELLS if any(k[:2] == c for k in primary)]
+    head = [f"{REGIME_NAMES[g]}, {s.replace('=', ' = ')}" for g, s in cells]
+    lines = ["| claim (points, 95 % interval) | " + " | ".join(head) + " |"]
+    lines.append("|---" * (len(cells) + 1) + "|")
+    for claim in CLAIMS:
+        rows = [primary.get((*c, claim)) for c in cells]
+        first = next((r for r in rows if r), None)
+        if first:
+            a, b = (first[k].split(", ")[0] for k in ("a", "b"))
+            name = (claim.removesuffix(" helps") + ": ") * claim.endswith(" helps") + f"{a} − {b}"
+            lines.append(f"| {name} | " + " | ".join(map(readme_cell, rows)) + " |")
+    shown = [r for r in runs if (r["regime"], r["partition"].replace("dir", "δ=")) in set(cells)]
+    return "\n".join([*lines, "", readme_provenance(shown)])
+
+
+def readme_cell(row: dict[str, str] | None) -> str:
+    if row is None:
+        return "–"
+    decided = row["verdict"] in ("holds", "fails")
+    if row["decided_on_counts"] == "1":
+        n = len(row["seeds"].split())
+        text = f"collapsed {row['collapsed_a']} of {n} vs {row['collapsed_b']} of {n}"
+        return f"**{text}**" if decided else text
+    mean, lo, hi = (float(row[f"final_{k}"]) for k in ("mean", "low", "high"))
+    text = (f"**{mean:+.2f}**" if decided else f"{mean:+.2f}") + f" [{lo:+.2f}, {hi:+.2f}]"
+    return text.replace("-", "−")
+
+
+def readme_provenance(runs: list[dict[str, str]]) -> str:
+    """One line: how many runs, on which machines, when, at which commits, with which seeds."""
+    if not runs:
+        return "No runs."
+    runs = sorted(runs, key=lambda r: (r.get("date", ""), r["commit"]))
+    commits = list(dict.fromkeys(r["commit"][:7] for r in runs))
+    dates = [(r.get("date") or "date unknown")[:10] for r in runs]
+    seeds = sorted({int(r["seed"]) for r in runs})
+    contiguous = len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1))
+    return (
+        f"{len(runs)} runs, {', '.join(sorted({r['hardware'] for r in runs}))}, "
+        f"{' to '.join(dict.fromkeys([dates[0], dates[-1]]))}, "
+        + ("commit " if len(commits) == 1 else "commits ")
+        + " to ".join(dict.fromkeys([commits[0], commits[-1]]))
+        + f", seeds {f'{seeds[0]}-{seeds[-1]}' if contiguous else ', '.join(map(str, seeds))}."
+    )
+
+
 def interval_text(v: tuple[float, float, float] | None) -> str:
     if v is None:
         return "–"

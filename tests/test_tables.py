@@ -3,9 +3,12 @@ commands that measured them, and none is typed by hand."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
+
+import pytest
 
 from benchmarks.throughput import docs_table
 from feddb import tables
@@ -19,17 +22,69 @@ def test_the_docs_tables_match_their_files():
     assert tables.main(["--check"]) == 0
 
 
-def test_every_table_of_speed_is_generated():
-    """A markdown table in docs/speed.md lies between the markers, so no figure there is typed."""
-    lines = (ROOT / "docs/speed.md").read_text().split("\n")
+@pytest.mark.parametrize(("page", "measured"), [("docs/speed.md", "|"), ("README.md", ".")])
+def test_every_measured_table_of_the_page_is_generated(page, measured):
+    """A table row of speed.md, or a README row holding a decimal figure, lies between the markers:
+    no measured figure is typed (the README's command table is reference, not measurement)."""
+    lines = (ROOT / page).read_text().split("\n")
     inside = False
     for n, line in enumerate(lines, 1):
         if tables.BEGIN.match(line):
             inside = True
         elif line == tables.END:
             inside = False
-        elif line.startswith("|"):
-            assert inside, f"docs/speed.md:{n} is a table row outside the generated tables"
+        elif line.startswith("|") and (measured == "|" or re.search(r"\d\.\d", line)):
+            assert inside, f"{page}:{n} is a table row outside the generated tables"
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def claim_row(regime, setting, claim, a, b, mean, verdict, counts=("0", "0", "0")) -> dict:
+    return {
+        "regime": regime, "setting": setting, "claim": claim, "a": a, "b": b,
+        "seeds": "0 1 2 3 4", "primary": "1", "final_mean": mean, "final_low": "-1.0",
+        "final_high": "2.5", "verdict": verdict, "decided_on_counts": counts[0],
+        "collapsed_a": counts[1], "collapsed_b": counts[2],
+    }  # fmt: skip
+
+
+def test_the_readme_table_is_rendered_from_claims_csv(tmp_path):
+    """The README's main result comes from `feddb claims`' CSVs: bold where Holm decides, the
+    collapse counts where they decide, a dash for a cell without runs, the runs' provenance."""
+    (tmp_path / "docs/claims").mkdir(parents=True)
+    write_csv(tmp_path / "docs/claims/claims.csv", [
+        claim_row("cpu", "δ=0.1", "SSL helps", "FixMatch, n_m", "FedAvg", "0.7500", "holds"),
+        claim_row("cpu", "δ=0.3", "SSL helps", "FixMatch, n_m", "FedAvg", "-0.2000", "not shown"),
+        claim_row("cpu", "δ=0.1", "FedDB beats FixMatch", "FedDB", "FixMatch, n_m", "50.0",
+                  "holds", counts=("1", "0", "5")),
+        {**claim_row("cpu", "IID", "SSL helps", "FixMatch, n_m", "FedAvg", "9.0", "holds"),
+         "primary": "0"},
+    ])  # fmt: skip
+    runs = [
+        {"regime": "cpu", "partition": p, "seed": s, "commit": c, "hardware": "Xeon, 2 cores",
+         "date": d}
+        for p, s, c, d in [("dir0.1", 0, "bbbbbbb1", "2026-11-02T10:00:00"),
+                           ("dir0.3", 1, "aaaaaaa1", "2026-11-01T09:00:00"),
+                           ("iid", 2, "ccccccc1", "2026-11-03T09:00:00")]
+    ]  # fmt: skip
+    write_csv(tmp_path / "docs/claims/runs.csv", runs)
+    marker = "<!-- feddb tables: studies.claims:readme_table docs/claims/claims.csv docs/claims/runs.csv -->"
+    (tmp_path / "README.md").write_text(f"# R\n\n{marker}\n{tables.END}\n")
+    assert tables.main(["--root", str(tmp_path)]) == 0
+    text = (tmp_path / "README.md").read_text()
+    assert "| claim (points, 95 % interval) | CPU, δ = 0.1 | CPU, δ = 0.3 |\n" in text
+    assert "| SSL: FixMatch − FedAvg | **+0.75** [−1.00, +2.50] | −0.20 [−1.00, +2.50] |" in text
+    assert "| FedDB − FixMatch | **collapsed 0 of 5 vs 5 of 5** | – |" in text
+    assert "+9.00" not in text  # a secondary comparison or another setting is not the README's
+    assert (
+        "2 runs, Xeon, 2 cores, 2026-11-01 to 2026-11-02, commits aaaaaaa to bbbbbbb, seeds 0, 1."
+        in text
+    )
 
 
 def page_with_bench(tmp_path: Path, data: dict, table: str = "| stale |") -> Path:
