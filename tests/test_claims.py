@@ -541,15 +541,20 @@ def test_the_cause_study_tables_each_factor_against_the_exact_point(tmp_path):
     for seed in range(3):
         run("fixmatch-gn", seed, 0.90 + seed / 100, False, "model.norm=gn")
         run("fixmatch-feddpl-gn", seed, 0.91 + seed / 100, False, "model.norm=gn")
+    for seed in range(4):  # a second factor: Holm over FixMatch's two factors
+        run("fixmatch-joint", seed, 0.92, False, "train.forward=joint")
     out = tmp_path / "out"
     assert claims.main([str(tmp_path), "--out", str(out)]) == 0
     md = (out / "claims.md").read_text()
     section = md[md.index("## Why FixMatch collapses") :]
-    assert "| the exact point | FixMatch | 5 | 5 of 5 | – | 11.00 ± 0.00 | – |" in section
+    assert "| the exact point | FixMatch | 5 | 5 of 5 | – | – | 11.00 ± 0.00 | – |" in section
     gn = next(
         line for line in section.splitlines() if line.startswith("| model.norm=gn | FixMatch |")
     )
-    assert "| 3 | 0 of 3 | 0.018 | 91.00 ± 1.00 |" in gn
+    assert "| 3 | 0 of 3 | 0.018 | 0.018 | 91.00 ± 1.00 |" in gn  # Holm: the larger p, times 1
+    assert (
+        "| train.forward=joint | FixMatch | 4 | 0 of 4 | 0.008 | 0.016 | 92.00 ± 0.00 |" in section
+    )
     assert (
         "+80.00 [+77.52, +82.48] (sign test p 0.250; 3 pairs); collapsed 0 vs 3, Fisher p 0.100"
         in gn
@@ -559,9 +564,9 @@ def test_the_cause_study_tables_each_factor_against_the_exact_point(tmp_path):
         "| the exact point | FixMatch-FedDPL − FixMatch | +69.00 [+69.00, +69.00] (sign test p 0.062; 5 pairs); collapsed 0 vs 5, Fisher p 0.008 |"
         in section
     )
-    assert "Provenance: 16 complete runs" in section
+    assert "Provenance: 20 complete runs" in section
     lines = list(csv.DictReader((out / "runs.csv").open()))
-    assert sum(r["regime"] == "cause" for r in lines) == 16
+    assert sum(r["regime"] == "cause" for r in lines) == 20
 
 
 def test_an_lr_selection_is_tabled_with_the_lr_chosen_on_validation(tmp_path):
