@@ -357,9 +357,9 @@ def readme_cell(row: dict[str, str] | None) -> str:
         n = len(row["seeds"].split())
         text = f"collapsed {row['collapsed_a']} of {n} vs {row['collapsed_b']} of {n}"
         return f"**{text}**" if decided else text
-    mean, lo, hi = (float(row[f"final_{k}"]) for k in ("mean", "low", "high"))
-    text = (f"**{mean:+.2f}**" if decided else f"{mean:+.2f}") + f" [{lo:+.2f}, {hi:+.2f}]"
-    return text.replace("-", "−")
+    text = interval_text(tuple(float(row[f"final_{k}"] or "nan") for k in ("mean", "low", "high")))
+    mean, _, interval = text.partition(" ")  # one seed: the mean alone
+    return (f"**{mean}** {interval}".rstrip() if decided else text).replace("-", "−")
 
 
 def readme_provenance(runs: list[dict[str, str]]) -> str:

@@ -72,6 +72,11 @@ def difference(a: dict[int, dict], b: dict[int, dict]) -> str:
     return text
 
 
+def count(cell: dict[int, dict]) -> tuple[int, int]:
+    """(collapsed runs, runs) of a cell's runs by seed."""
+    return sum(bool(r["collapsed"]) for r in cell.values()), len(cell)
+
+
 def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
     """The study's two tables: each factor × method against the exact point, and DPL's effect
     within each factor."""
@@ -94,7 +99,6 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
         "the method's factors | final test accuracy, % | − the exact point, points |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    count = lambda cell: (sum(bool(r["collapsed"]) for r in cell.values()), len(cell))  # noqa: E731
     p_fisher = {
         (f, m): fisher(*count(by[(f, m)]), *count(by[(EXACT, m)]))
         for f, m in by
