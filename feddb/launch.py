@@ -385,17 +385,26 @@ def preflight(text: str) -> tuple[dict, dict]:
                 "device=cuda, and this machine has no CUDA GPU that PyTorch can use: set "
                 "device=auto (the GPU where there is one) or device=cpu"
             )
-    load_dataset(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"])  # read afresh: a resumed run's data are checked below
     partition_for(cfg)  # a split the data cannot give fails here, not after Flower starts
     if resume_dir is not None:
         from fssl import checkpoint
 
         if not any((resume_dir / f).is_file() for f in (checkpoint.FILE, checkpoint.PREVIOUS)):
             raise ConfigError(f"cannot resume: {resume_dir} has no checkpoint.pt yet")
-        _, note = checkpoint.find(resume_dir)  # CheckpointError names the files
+        file, note = checkpoint.find(resume_dir)  # CheckpointError names the files
         if note:
             print(f"[feddb] {note}", flush=True)
+        check_resume(resume_dir, cfg, ds, file)
     return run_config, cfg
+
+
+def check_resume(run_dir: Path, cfg: dict, ds, file: Path) -> None:
+    """The run resumed is the run recorded: its configuration, its data, its checkpoint's run."""
+    from fssl import checkpoint, identity
+
+    identity.check_resume(run_dir, cfg, ds)
+    identity.check_checkpoint(run_dir, checkpoint.load(run_dir, file)[1])
 
 
 def launch(

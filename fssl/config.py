@@ -57,11 +57,14 @@ def given(run_config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+IDENTITY_KEYS = ("row", "selection")  # what the run is called (identity.json), not what it runs
+
+
 def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
     """Translate Flower run-config keys (pyproject `[tool.flwr.app.config]`) to Hydra overrides.
     A key at its declared default keeps conf/'s value."""
     rc = given(run_config)
-    unknown = sorted(set(rc) - set(RUN_CONFIG_TARGETS) - {"overrides", "resume"})
+    unknown = sorted(set(rc) - set(RUN_CONFIG_TARGETS) - {"overrides", "resume", *IDENTITY_KEYS})
     if unknown:
         raise ConfigError(
             f"unknown run-config key(s) {unknown}: the keys are "

@@ -15,7 +15,7 @@ import yaml
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fssl import checkpoint
+from fssl import checkpoint, identity
 from fssl.config import DEFENCES, apply_defence_scope, warmup_note
 from fssl.methods import make_model, method_class
 from fssl.partition import partition_label, save_partition, scenario_of
@@ -90,6 +90,7 @@ def main(grid: Grid, context: Context) -> None:
     device = resolve_device(cfg["device"])
     threads = set_threads(cfg, grid, device)
     ds, part = load_data(cfg, run_dir, fresh=resume_dir is None)
+    record_identity(cfg, context, run_dir, ds, resume_dir)
     timeline.mark("data_ready")
     fl = cfg["fl"]
     node_of = bind_partitions(
@@ -137,6 +138,15 @@ def open_run_dir(cfg: dict[str, Any], context: Context, resume_dir: Path | None)
     if note:
         print(f"[feddb] warning: {note}", flush=True)
     return run_dir
+
+
+def record_identity(cfg, context: Context, run_dir: Path, ds, resume_dir: Path | None) -> None:
+    """A new run writes what it is (identity.json) before its first round; a resumed one must
+    still be that run: its configuration and data as recorded."""
+    if resume_dir is None:
+        identity.write(run_dir, identity.make(cfg, dict(context.run_config), ds))
+    else:
+        identity.check_resume(run_dir, cfg, ds)
 
 
 def set_threads(cfg: dict[str, Any], grid: Grid, device: torch.device) -> int | None:
@@ -309,6 +319,7 @@ def save_checkpoint(
         },
         {
             "round": server_round,
+            "run": (identity.read(run_dir) or {}).get("run"),
             "strategy": strategy_state,
             "recorder": recorder.state(),
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -326,6 +337,7 @@ def restore(
             if path.is_file():
                 path.replace(path.with_name(path.name.replace("checkpoint", "checkpoint.corrupt")))
     groups, state = checkpoint.load(run_dir, file)
+    identity.check_checkpoint(run_dir, state)
     strategy.load_state(
         {k.split(".", 1)[1]: v for k, v in groups.items() if k.startswith("strategy.")},
         state["strategy"],
