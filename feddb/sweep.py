@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -73,14 +74,19 @@ def row_dir(row: str) -> str:
     return f"{row.rpartition(':')[2]}-{digest}"
 
 
-def run_dir_of(cfg: Any) -> Path:
+def run_dir_of(cfg: Any, asked: dict[str, Any] | None = None) -> Path:
+    """<out>/<dataset>_<partition>/<row>[@<key>=<value>]/s<seed>; with mismatch=beside, a run asked
+    with other settings than the one there goes beside it, named by a hash of its request."""
     value = cfg.get("value")
     tuned = "" if value is None else f"@{str(cfg.tune).rpartition('.')[2]}={value}"
+    seed = f"s{cfg.seed}"
+    if asked is not None:
+        seed += "+" + hashlib.sha1(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:8]
     return (
         Path(str(cfg.out)).resolve()
         / f"{cfg.dataset}_{cfg.partition}"
         / (row_dir(str(cfg.row)) + tuned)
-        / f"s{cfg.seed}"
+        / seed
     )
 
 
@@ -126,6 +132,47 @@ def with_value(extra: str, key: str, value: Any) -> str:
     return f"{first} {second}".strip()
 
 
+def request_of(run_config: str) -> dict[str, Any]:
+    """A run-config as its run records it (run_config.json): every key, paths absolute."""
+    from feddb.launch import absolute_paths, parse_run_config
+    from fssl.config import run_config_defaults
+
+    return run_config_defaults() | absolute_paths(parse_run_config(run_config))
+
+
+def overrides_of(text: str) -> dict[str, str]:
+    return dict(o.partition("=")[::2] for o in shlex.split(str(text or "")))
+
+
+def differences(run_dir: Path, asked: dict[str, Any]) -> list[str]:
+    """How the run in run_dir was asked otherwise than this combination asks, key by key ([]: the
+    same run). A key the saved request lacks (one added to the app since) counts as its default;
+    row and selection, recorded since identities were, are not held against older runs."""
+    from fssl.config import IDENTITY_KEYS, run_config_defaults
+
+    file = run_dir / "run_config.json"
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return [f"{file.name} unreadable"]
+    full = run_config_defaults() | saved
+    out = []
+    for key in sorted((set(asked) | set(full)) - {"output-dir", "resume"}):
+        was, now = full.get(key, ""), asked.get(key, "")
+        if key in IDENTITY_KEYS and key not in saved:
+            continue
+        if key == "overrides":
+            a, b = overrides_of(was), overrides_of(now)
+            out += [
+                f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}"
+                for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k)
+            ]
+        elif was != now:
+            out.append(f"{key}: {was!r} -> {now!r}")
+    return out
+
+
 def resumable(run_dir: Path) -> bool:
     """Whether an interrupted run can go on from its checkpoint as if never stopped. Clients that
     keep their optimiser state (train.optimizer_state=client, the authors' regime) keep it on the
@@ -152,21 +199,32 @@ def set_aside(run_dir: Path, suffix: str) -> Path:
 
 def run_one(cfg: Any) -> dict[str, Any]:
     """Run (or skip, or resume) one combination; returns its status record."""
-    run_dir = run_dir_of(cfg)
-    record = {
-        "row": str(cfg.row),
-        "dataset": str(cfg.dataset),
-        "partition": str(cfg.partition),
-        "seed": int(cfg.seed),
-        "run_dir": str(run_dir),
-        "time": time.time(),
-    }
     config = row_config(str(cfg.row))
     if config is None:
         return {
-            **record,
+            **status_record(cfg, run_dir_of(cfg)),
             "status": "failed",
             "reason": f"unknown row '{cfg.row}'; choose from {', '.join(rows())}",
+        }
+    fresh = fresh_run_config(cfg, config)
+    try:
+        asked = request_of(fresh)
+    except ValueError:  # the launcher says what is wrong with it
+        asked = None
+    run_dir = run_dir_of(cfg)
+    differ = (
+        differences(run_dir, asked) if asked and (run_dir / "run_config.json").is_file() else []
+    )
+    if differ and str(cfg.mismatch) == "beside":
+        run_dir = run_dir_of(cfg, asked)
+        differ = differences(run_dir, asked) if (run_dir / "run_config.json").is_file() else []
+    record = status_record(cfg, run_dir)
+    if differ:
+        return {
+            **record,
+            "status": "refused",
+            "reason": f"{run_dir} holds a run asked otherwise ({'; '.join(differ)}): "
+            "mismatch=beside runs this one beside it, or choose another out",
         }
     if complete(run_dir):
         return {**record, "status": "skipped"}
@@ -183,18 +241,15 @@ def run_one(cfg: Any) -> dict[str, Any]:
     if interrupted:
         run_config, record["resumed"] = f"resume='{run_dir}'", True
     else:
-        tuned = with_value(str(cfg.run_config), cfg.tune, cfg.get("value"))
-        row, extra = join_overrides(config, tuned)
-        run_config = (
-            f"{row} dataset='{cfg.dataset}' partition='{cfg.partition}' "
-            f"experiment='{cfg.experiment}' seed={cfg.seed} output-dir='{run_dir}' {extra}"
-        )
+        run_config = f"{fresh} output-dir='{run_dir}'"
     launcher = [sys.executable if a == "python" else str(a) for a in cfg.launcher]
     cmd = [*launcher, "--run-config", run_config, *str(cfg.launcher_args).split()]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"s{cfg.seed}.log"
+    log = run_dir.parent / f"{run_dir.name}.log"
     t0 = time.perf_counter()
-    with open(log, "w") as f:
+    with open(log, "a") as f:  # appended: an earlier sweep's log of this run is kept
+        f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} sweep {sweep_id()}: {run_config}\n")
+        f.flush()
         code = subprocess.call(
             cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT, env=run_env(run_dir)
         )
@@ -205,6 +260,30 @@ def run_one(cfg: Any) -> dict[str, Any]:
         "status": "done" if ok else "failed",
         **({} if ok else {"reason": f"exit {code}, see {log}"}),
     }
+
+
+def status_record(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    return {
+        "row": str(cfg.row),
+        "dataset": str(cfg.dataset),
+        "partition": str(cfg.partition),
+        "seed": int(cfg.seed),
+        "run_dir": str(run_dir),
+        "time": time.time(),
+    }
+
+
+def fresh_run_config(cfg: Any, config: str) -> str:
+    """The run-config of a new run of this combination (its output-dir aside): the row's, the
+    setting's, the sweep's own, and the run's identity (row, selection)."""
+    value = cfg.get("value")
+    tuned = with_value(str(cfg.run_config), cfg.tune, value)
+    row, extra = join_overrides(config, tuned)
+    selection = "" if value is None else f" selection='{cfg.tune}={value}'"
+    return (
+        f"{row} dataset='{cfg.dataset}' partition='{cfg.partition}' "
+        f"experiment='{cfg.experiment}' seed={cfg.seed} row='{cfg.row}'{selection} {extra}"
+    ).strip()
 
 
 def gpu_present() -> bool:
@@ -351,6 +430,35 @@ def job(cfg: Any) -> None:
     )
 
 
+LOCK = ".sweep.lock"
+HELD: list[Any] = []  # the open lock file, for as long as this sweep runs
+
+
+def lock_out(out: Path) -> str | None:
+    """One sweep into `out` at a time: an exclusive lock on <out>/.sweep.lock, which the system
+    drops with the process, so a dead sweep leaves none behind. Why not, or None when taken."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    f = open(out / LOCK, "a+")  # noqa: SIM115 - held open until the process ends
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        return (
+            f"another sweep ({holder}) is writing into {out}; wait for it to end, or give "
+            "this one another out="
+        )
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    HELD.append(f)
+    return None
+
+
 try:
     from hydra.experimental.callback import Callback
 except ImportError:  # pragma: no cover - hydra is a dependency
@@ -373,6 +481,10 @@ class SweepSummary(Callback):
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
+        problem = lock_out(Path(str(config.out)).resolve())
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            sys.exit(2)
         new_id = f"{os.getpid()}-{self.start}"
         PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start, id=new_id)
         # inherited by the worker processes of --jobs (started after this)
@@ -386,20 +498,22 @@ class SweepSummary(Callback):
             [json.loads(line) for line in file.read_text().splitlines()] if file.is_file() else []
         )
         mine = this_sweeps(records)
-        by = {s: [r for r in mine if r["status"] == s] for s in ("done", "skipped", "failed")}
+        kinds = ("done", "skipped", "failed", "refused")
+        by = {s: [r for r in mine if r["status"] == s] for s in kinds}
         print(
             f"[sweep] {len(mine)} combinations: {len(by['done'])} run, {len(by['skipped'])} "
-            f"already complete, {len(by['failed'])} failed",
+            f"already complete, {len(by['failed'])} failed"
+            + (f", {len(by['refused'])} refused" if by["refused"] else ""),
             flush=True,
         )
-        for r in by["failed"]:
+        for r in by["failed"] + by["refused"]:
             print(
-                f"[sweep] FAILED {r['row']} {r['dataset']}_{r['partition']} seed {r['seed']}: "
-                f"{r['reason']}",
+                f"[sweep] {r['status'].upper()} {r['row']} {r['dataset']}_{r['partition']} "
+                f"seed {r['seed']}: {r['reason']}",
                 flush=True,
             )
-        if by["failed"]:
-            sys.exit(1)
+        if by["failed"] or by["refused"]:
+            sys.exit(1 if by["failed"] else 2)
 
 
 FREE_TEXT = ("run_config", "launcher_args")

@@ -4,6 +4,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +16,20 @@ from server_app.config import compose
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-STUB = '''"""Stands in for the launcher: writes a complete run; fails for seed 1 of feddb."""
+STUB = f'''"""Stands in for the launcher: writes a complete run; fails for seed 1 of feddb."""
 import json, pathlib, shlex, sys
-rc = dict(kv.split("=", 1) for kv in shlex.split(sys.argv[sys.argv.index("--run-config") + 1]))
+sys.path.insert(0, {str(PROJECT)!r})
+from feddb.launch import absolute_paths, parse_run_config
+text = sys.argv[sys.argv.index("--run-config") + 1]
+rc = dict(kv.split("=", 1) for kv in shlex.split(text))
 out = pathlib.Path(rc.get("output-dir") or rc["resume"])
 if rc.get("method") == "feddb" and rc.get("seed") == "1":
     sys.exit("boom")
 out.mkdir(parents=True, exist_ok=True)
+if "resume" not in rc:
+    (out / "run_config.json").write_text(json.dumps(absolute_paths(parse_run_config(text))))
 (out / "config.yaml").write_text("num_rounds: 2\\n")
-(out / "summary.json").write_text(json.dumps({"rounds": 2}))
+(out / "summary.json").write_text(json.dumps({{"rounds": 2}}))
 (out / "run_config").write_text(sys.argv[sys.argv.index("--run-config") + 1])
 calls = out / "calls"
 calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
@@ -73,6 +79,7 @@ def test_sweep_runs_each_combination_skips_complete_ones_and_reports_failures(tm
     again = sweep(tmp_path, "row=fedavg,feddb", "seed=0,1")
     assert "4 combinations: 0 run, 3 already complete, 1 failed" in again.stdout
     assert (root / "fedavg" / "s0" / "calls").read_text() == "1"  # not run twice
+    assert (root / "feddb" / "s1.log").read_text().count("boom") == 2  # the log appended
 
 
 NEIGHBOUR_STUB = STUB.replace(
@@ -84,6 +91,68 @@ with open(status, "a") as f:
         "reason": "exit 1"}) + "\\n")
 calls = out""",
 )
+
+
+def test_a_sweep_asked_other_settings_refuses_the_old_run_or_runs_beside_it(tmp_path):
+    """The same combination asked with another setting is not "already complete": refused with
+    one line naming the key (exit 2), or with mismatch=beside run next to the old run."""
+    assert sweep(tmp_path, "row=fixmatch", "seed=0").returncode == 0
+    tau = "run_config=overrides='train.tau=0.5'"
+    res = sweep(tmp_path, "row=fixmatch", "seed=0", tau)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "1 refused" in res.stdout and "already complete" in res.stdout
+    assert "train.tau: - -> 0.5" in res.stdout and "0 already complete" in res.stdout
+    runs = tmp_path / "out" / "mnist10k_dir0.3" / "fixmatch"
+    assert (runs / "s0" / "calls").read_text() == "1"
+    beside = sweep(tmp_path, "row=fixmatch", "seed=0", tau, "mismatch=beside")
+    assert beside.returncode == 0 and "1 run" in beside.stdout, beside.stdout + beside.stderr
+    (new,) = [p for p in runs.glob("s0+*") if p.is_dir()]
+    assert "train.tau=0.5" in (new / "run_config").read_text()
+    again = sweep(tmp_path, "row=fixmatch", "seed=0", tau, "mismatch=beside")
+    assert "1 already complete" in again.stdout and (new / "calls").read_text() == "1"
+    # the row and the selection travel with the run, for its identity
+    assert "row='fixmatch'" in (runs / "s0" / "run_config").read_text()
+    # a re-run sweep appends to the run's log
+    assert (runs / "s0.log").read_text().count("=== ") == 1  # the refused sweep ran nothing
+    assert (runs / f"{new.name}.log").read_text().count("=== ") == 1
+
+
+SLOW_STUB = STUB.replace("calls = out", "import time; time.sleep(20)\ncalls = out")
+
+
+def test_two_sweeps_into_one_out_the_second_is_refused(tmp_path):
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "feddb.sweep",
+            "-m",
+            "row=fedavg",
+            "seed=0",
+            f"out={tmp_path / 'out'}",
+            f"launcher=[python,{tmp_path / 'slow.py'}]",
+        ],
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    (tmp_path / "slow.py").write_text(SLOW_STUB)
+    try:
+        lock = tmp_path / "out" / ".sweep.lock"
+        for _ in range(600):
+            if lock.is_file() and lock.read_text().startswith("pid"):
+                break
+            time.sleep(0.1)
+        second = sweep(tmp_path, "row=fedavg", "seed=0")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"another sweep (pid {first.pid}) is writing into" in second.stderr
+        assert first.wait(timeout=120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # the lock dies with its sweep: the next one runs
+    assert sweep(tmp_path, "row=fedavg", "seed=0").returncode == 0
 
 
 def test_a_sweep_counts_its_own_runs_not_those_of_a_sweep_beside_it(tmp_path):
