@@ -38,13 +38,15 @@ from typing import Any
 import numpy as np
 import yaml
 
-from feddb.rows import comparisons, display_order, variant_name
+from feddb.rows import comparisons, display_order, table, variant_name
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
+from fssl import identity
 from fssl.checks import ConfigError
 from fssl.methods import method_class
 from fssl.methods.fixmatch import FixMatch
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
+from server_app.rounds import FAILURE
 from strategy.flower import FLOWER
 
 STRATEGY_NAMES = {"method": "the method's own (project)", **FLOWER}
@@ -178,52 +180,146 @@ def ablation_key(cfg: dict[str, Any]) -> tuple[bool, bool] | None:
     return bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
 
 
-def load_runs(paths: list[Path]) -> list[dict[str, Any]]:
+SET_ASIDE = (".interrupted", ".failed")  # a partial run a sweep started again (feddb.sweep)
+
+
+def load_runs(paths: list[Path], left_out: list[str] | None = None) -> list[dict[str, Any]]:
+    """The finished runs below `paths`, each named by its identity (fssl/identity.py). Every other
+    run directory is left out with one line in `left_out`: failed, unfinished, set aside by a
+    sweep, or unreadable (the line names the file)."""
+    left_out = [] if left_out is None else left_out
     runs = []
     for root in paths:
         for cfg_file in sorted(root.rglob("config.yaml")):
             run_dir = cfg_file.parent
-            if any(part.endswith((".interrupted", ".failed")) for part in run_dir.parts):
-                continue  # a partial run a sweep started again (feddb.sweep.resumable)
-            metrics = run_dir / "metrics.jsonl"
-            if not metrics.is_file():
-                continue
-            cfg = yaml.safe_load(cfg_file.read_text())
-            rounds = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-            if not rounds:
-                continue
-            summary = run_summary(rounds)
-            pooled = [
-                x["pseudo_label_accuracy_pooled"]
-                for x in rounds
-                if x.get("pseudo_label_accuracy_pooled") is not None
-            ]
-            runs.append(
-                {
-                    "dir": run_dir,
-                    "cfg": cfg,
-                    "rounds": rounds,
-                    "variant": variant(cfg),
-                    "local": local_variant(cfg),
-                    "strategy": strategy_label(cfg),
-                    "setting": setting(cfg),
-                    "dataset": cfg["dataset"]["name"],
-                    "partition": placed_partition(cfg),
-                    "seed": cfg["seed"],
-                    "best": summary["best_test_accuracy"],
-                    "final": summary["final_test_accuracy"],
-                    # test accuracy at the best-validation round (final if no validation)
-                    "selected": summary["selected_test_accuracy"]
-                    if summary["selected_test_accuracy"] is not None
-                    else summary["final_test_accuracy"],
-                    "collapsed": summary["collapsed"],
-                    "max_top_class_share": summary["max_top_class_share_late"],
-                    "pl_accuracy": float(np.mean(pooled)) if pooled else None,
-                    "method_metrics": method_metrics(rounds),
-                    "complete": rounds[-1]["round"] >= cfg["num_rounds"],
-                }
-            )
+            try:
+                run, why = read_run(run_dir)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                run, why = None, f"unreadable ({type(err).__name__}: {str(err)[:120]})"
+            if run is None:
+                left_out.append(f"{run_dir}: {why}")
+            else:
+                runs.append(run)
     return runs
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """A finished run's record, or None and why it is left out."""
+    if any(part.endswith(SET_ASIDE) for part in run_dir.parts):
+        return None, "set aside by a sweep that ran it again"
+    if (run_dir / FAILURE).is_file():
+        return None, f"failed ({FAILURE})"
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None, "unfinished (no metrics.jsonl)"
+    cfg = read_file(run_dir / "config.yaml", yaml.safe_load)
+    rounds = read_file(
+        metrics, lambda t: [json.loads(line) for line in t.splitlines() if line.strip()]
+    )
+    if not rounds or rounds[-1]["round"] < cfg["num_rounds"]:
+        done = rounds[-1]["round"] if rounds else 0
+        return None, f"unfinished (round {done} of {cfg['num_rounds']})"
+    ident = identity.read(run_dir) or recovered(run_dir, cfg)
+    summary = run_summary(rounds)
+    pooled = [
+        x["pseudo_label_accuracy_pooled"]
+        for x in rounds
+        if x.get("pseudo_label_accuracy_pooled") is not None
+    ]
+    return {
+        "dir": run_dir,
+        "cfg": cfg,
+        "identity": ident,
+        "rounds": rounds,
+        "variant": shown_name(ident, cfg),
+        "local": local_variant(cfg),
+        "strategy": strategy_label(cfg),
+        "setting": setting(cfg),
+        "dataset": cfg["dataset"]["name"],
+        "partition": placed_partition(cfg),
+        "seed": cfg["seed"],
+        "best": summary["best_test_accuracy"],
+        "final": summary["final_test_accuracy"],
+        # test accuracy at the best-validation round (final if no validation)
+        "selected": summary["selected_test_accuracy"]
+        if summary["selected_test_accuracy"] is not None
+        else summary["final_test_accuracy"],
+        "collapsed": summary["collapsed"],
+        "max_top_class_share": summary["max_top_class_share_late"],
+        "pl_accuracy": float(np.mean(pooled)) if pooled else None,
+        "method_metrics": method_metrics(rounds),
+    }, ""
+
+
+def read_file(path: Path, parse):
+    """A run's file parsed; ValueError naming the file when it cannot be."""
+    try:
+        return parse(path.read_text())
+    except (ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"{path.name}: {str(err).splitlines()[0][:100]}") from None
+
+
+def recovered(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a run from before identities were recorded: named by its switches as the
+    report named it then (variant), its fingerprint from its saved configuration."""
+    rc_file = run_dir / "run_config.json"
+    rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
+    return {
+        "row": variant(cfg),
+        "row_from": "recovered",
+        "selection": None,
+        "regime": rc.get("experiment", ""),
+        "config": identity.config_fingerprint(cfg),
+    }
+
+
+def shown_name(ident: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """A run's name in the tables: its row's display name (a row of the table), else the name
+    of its switches as the report builds it; a selection's key and value after it."""
+    row = table().get(ident["row"]) if ident.get("row_from") == "table" else None
+    name = row.display if row else variant(cfg)
+    sel = ident.get("selection")
+    return f"{name} ({sel['key']}={sel['value']})" if sel else name
+
+
+def check_groups(runs: list[dict[str, Any]], apart: bool) -> str | None:
+    """Each table cell is one run per seed of one configuration. Why not (a seed twice, runs of
+    one name with other settings: the keys named), or None; with `split`, runs of one name and
+    other settings become cells of their own (`apart`), named by the keys that differ."""
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in runs:
+        cells[(r["setting"], r["variant"])].append(r)
+    for (sett, name), rs in cells.items():
+        first, prints = rs[0], {r["identity"]["config"] for r in rs}
+        keys = sorted(
+            {k for r in rs[1:] for k in identity.differing_keys(first["cfg"], r["cfg"])}
+            if len(prints) > 1
+            else ()
+        )
+        if keys and apart:
+            for r in rs:
+                values = ", ".join(f"{k}={lookup_key(r['cfg'], k)}" for k in keys)
+                r["variant"] = f"{name} {{{values}}}"
+            continue
+        if keys:
+            return (
+                f"{name} @ {sett}: its runs differ in {', '.join(keys)} ({first['dir']} and "
+                "others); report them apart (--split), or give directories of one configuration"
+            )
+        seeds = [r["seed"] for r in rs]
+        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        if twice:
+            dirs = [str(r["dir"]) for r in rs if r["seed"] == twice[0]]
+            return (
+                f"{name} @ {sett}: seed {twice[0]} twice ({' and '.join(dirs)}); give one of them"
+            )
+    return check_groups(runs, False) if apart else None  # the split cells: a seed twice?
+
+
+def lookup_key(cfg: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
 
 
 def method_metrics(rounds: list[dict[str, Any]]) -> dict[str, float]:
@@ -267,16 +363,14 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else float("nan")
 
 
-def fmt(values: list[float], complete: bool = True, collapsed: int = 0) -> str:
-    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '*' for unfinished runs,
-    '†n' when n of the runs ended collapsed (one class for over half of the test set)."""
+def fmt(values: list[float], collapsed: int = 0) -> str:
+    """The paper's mean(std) in %; '–' for no runs, '(–)' for one seed, '†n' when n of the runs
+    ended collapsed (one class for over half of the test set)."""
     if not values:
         return "–"
     m, s = mean_std([100 * v for v in values])
-    return (
-        f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})"
-        + ("" if complete else "*")
-        + (f" †{collapsed}" if collapsed else "")
+    return f"{m:.2f}({'–' if math.isnan(s) else f'{s:.2f}'})" + (
+        f" †{collapsed}" if collapsed else ""
     )
 
 
@@ -385,7 +479,6 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "dataset": rs[0]["dataset"],
                 "partition": rs[0]["partition"],
                 "seeds": sorted(r["seed"] for r in rs),
-                "complete": all(r["complete"] for r in rs),
                 "collapsed": sum(r["collapsed"] for r in rs),
                 "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
                 "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
@@ -418,7 +511,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
             ]
             for var in variant_order(r["variant"] for r in rows if r["partition"] == part):
                 vals = [
-                    fmt(c[key], c["complete"], c["collapsed"] if key == "final" else 0)
+                    fmt(c[key], c["collapsed"] if key == "final" else 0)
                     if (c := cell.get((part, d, var)))
                     else "–"
                     for d in datasets
@@ -527,11 +620,7 @@ def strategy_section(runs: list[dict[str, Any]]) -> list[str]:
             for loc in locals_:
                 c = cells.get((strat, loc), [])
                 vals.append(
-                    fmt(
-                        [r["final"] for r in c],
-                        all(r["complete"] for r in c),
-                        sum(r["collapsed"] for r in c),
-                    )
+                    fmt([r["final"] for r in c], sum(r["collapsed"] for r in c))
                     + (f" ({len(c)})" if c else "")
                 )
             out.append(f"| {strat} | " + " | ".join(vals) + " |")
@@ -626,7 +715,7 @@ def strategy_figure(runs: list[dict[str, Any]], out: Path, plt) -> Path | None:
 
 
 def seed_note(rows: list[dict[str, Any]]) -> str:
-    """Which seeds the cells average, the exceptions listed; unfinished runs flagged."""
+    """Which seeds the cells average, the exceptions listed."""
     counts = defaultdict(list)
     for r in rows:
         counts[tuple(r["seeds"])].append(r)
@@ -640,10 +729,7 @@ def seed_note(rows: list[dict[str, Any]]) -> str:
         if k != common
         for r in rs
     ]
-    text += ("; except " + "; ".join(sorted(others)) if others else "") + "."
-    if not all(r["complete"] for r in rows):
-        text += " * = some runs of the cell have not reached their last round."
-    return text
+    return text + ("; except " + "; ".join(sorted(others)) if others else "") + "."
 
 
 def ablation(runs: list[dict[str, Any]]) -> dict[tuple[str, str, tuple[bool, bool]], list[float]]:
@@ -668,7 +754,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                 "setting",
                 "method",
                 "seeds",
-                "complete",
                 "collapsed",
                 "final_mean",
                 "final_std",
@@ -691,7 +776,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
                     r["setting"],
                     r["variant"],
                     len(r["seeds"]),
-                    r["complete"],
                     r["collapsed"],
                     num(fm),
                     num(fs),
@@ -1008,6 +1092,12 @@ def embed(figs: list[Path], captions: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def left_out_section(left_out: list[str]) -> str:
+    if not left_out:
+        return ""
+    return "\n## Runs left out\n\n" + "".join(f"- {line}\n" for line in left_out)
+
+
 def out_problem(out: Path) -> str | None:
     """Why `--out` cannot be the directory the tables go to (a file is on its path), or None."""
     for part in [out, *out.absolute().parents]:
@@ -1020,6 +1110,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="+", help="run directories or directories holding them")
     ap.add_argument("--out", default="reports/latest", help="where to write tables and figures")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="runs of one row with other settings: cells of their own, named by the keys that "
+        "differ (default: refused, the keys named)",
+    )
     args = ap.parse_args(argv)
     paths = [Path(p) for p in args.paths]
     missing = [str(p) for p in paths if not p.is_dir()]
@@ -1029,12 +1125,19 @@ def main(argv: list[str] | None = None) -> int:
     if out_problem(Path(args.out)):
         print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
-    runs = load_runs(paths)
+    left_out: list[str] = []
+    runs = load_runs(paths, left_out)
+    for line in left_out:
+        print(f"[report] left out {line}", file=sys.stderr)
     if not runs:
         print(
-            f"error: no run directories (config.yaml + metrics.jsonl) below {args.paths}",
+            f"error: no finished run (config.yaml + metrics.jsonl) below {args.paths}",
             file=sys.stderr,
         )
+        return 2
+    problem = check_groups(runs, args.split)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1042,7 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
     figs = figures(runs, out)
     labels = label_distributions(runs, out)
     figs += [out / name for name in labels]
-    text = markdown(runs, rows) + embed(figs, labels)
+    text = markdown(runs, rows) + embed(figs, labels) + left_out_section(left_out)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
     from feddb.runlist import write_runs

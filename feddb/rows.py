@@ -7,7 +7,7 @@ entry; display names come from the methods' classes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import yaml
 
 from fssl.checks import ConfigError
 from fssl.methods import display_name
+from strategy.flower import FLOWER
 
 PROJECT = Path(__file__).resolve().parents[1]
 TABLE = PROJECT / "conf" / "comparison"
@@ -64,7 +65,10 @@ class Row:
                 m["pseudo_labels"] = value
         dpl = bool(m.get("dpl")) if self.dpl is None else self.dpl
         dma = bool(m.get("dma")) if self.dma is None else self.dma
-        return variant_name(m, dpl, dma, self.prior or "local")
+        name = variant_name(m, dpl, dma, self.prior or "local")
+        if self.strategy and self.strategy != "method":  # as the report names such runs
+            name += f" @ {FLOWER.get(self.strategy, self.strategy)}"
+        return name
 
 
 @cache
@@ -127,6 +131,18 @@ def table() -> dict[str, Row]:
                     rows[path.stem] = Row(
                         path.stem, path.stem, section="registry", compare=DEFAULT_COMPARE
                     )
+    return distinct(rows)
+
+
+def distinct(rows: dict[str, Row]) -> dict[str, Row]:
+    """Every row its own display name: a row shown as an earlier one is (fixmatch-gn,
+    fixmatch-joint: "FixMatch") gets its name beside it, "FixMatch [fixmatch-gn]", so that no
+    table pools two rows' runs."""
+    seen: set[str] = set()
+    for name, row in rows.items():
+        if row.display in seen:
+            rows[name] = replace(row, shown=f"{row.display} [{name}]")
+        seen.add(rows[name].display)
     for row in rows.values():
         unknown = [ref for ref in row.compare if ref not in rows]
         if unknown:

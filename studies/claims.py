@@ -170,12 +170,10 @@ def measures(run: dict[str, Any]) -> dict[str, float | None]:
 
 
 def load(root: Path) -> list[dict[str, Any]]:
-    """Complete runs below root/<regime>/, each with its regime, setting, label and measures."""
+    """Finished runs below root/<regime>/, each with its regime, setting, label and measures."""
     out = []
     for regime_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for run in load_runs([regime_dir]):
-            if not run["complete"]:
-                continue
             summary = run_summary(run["rounds"])
             prov = run["dir"] / "provenance.json"
             run.update(

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from feddb import report
+from fssl import identity
 from server_app.config import compose
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -117,7 +119,7 @@ def test_a_sweep_asked_other_settings_refuses_the_old_run_or_runs_beside_it(tmp_
     assert (runs / f"{new.name}.log").read_text().count("=== ") == 1
 
 
-SLOW_STUB = STUB.replace("calls = out", "import time; time.sleep(20)\ncalls = out")
+LONG_STUB = STUB.replace("calls = out", "import time; time.sleep(20)\ncalls = out")
 
 
 def test_two_sweeps_into_one_out_the_second_is_refused(tmp_path):
@@ -137,7 +139,7 @@ def test_two_sweeps_into_one_out_the_second_is_refused(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    (tmp_path / "slow.py").write_text(SLOW_STUB)
+    (tmp_path / "slow.py").write_text(LONG_STUB)
     try:
         lock = tmp_path / "out" / ".sweep.lock"
         for _ in range(600):
@@ -338,7 +340,13 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     fake_run(runs, "d", "fedavg", 0, [0.2, 0.3, 0.4], delta=0.1)
     fake_run(runs, "e", "feddb", 0, [0.1, 0.2, 0.2], extra=["dma.enabled=false"])  # = c's (DPL, -)
     fake_run(runs, "f", "fedavg", 0, [0.5, 0.6, 0.6], delta=None, dataset="cifar10")
-    fake_run(runs, "g", "fedrgd", 0, [0.5, 0.4], rounds=5)  # still running
+    unfinished = fake_run(runs, "g", "fedrgd", 0, [0.5, 0.4], rounds=5)  # still running
+    failed = fake_run(runs, "h", "semifl", 0, [0.5, 0.4])
+    (failed / "failure.json").write_text("{}")
+    torn = fake_run(runs, "i", "flexmatch", 0, [0.5, 0.4])
+    (torn / "metrics.jsonl").write_text((torn / "metrics.jsonl").read_text()[:-40])
+    broken = fake_run(runs, "j", "freematch", 0, [0.5, 0.4])
+    (broken / "config.yaml").write_text("method: [unclosed\n")
     out = tmp_path / "rep"
     assert report.main([str(runs), "--out", str(out)]) == 0
     rows = {(r["setting"], r["method"]): r for r in csv.DictReader((out / "results.csv").open())}
@@ -359,7 +367,12 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
     ]
     assert d03.index("| FixMatch |") < d03.index("| FixMatch-FedDPL") < d03.index("| FedDB |")
     assert "| FedDB | – | 87.50(3.54) |" in d03
-    assert "| FedRGD | – | 40.00(–)* |" in d03 and "* = some runs of the cell have not" in md
+    # failed, unfinished and unreadable runs: left out, each listed with its file, not counted
+    assert "FedRGD" not in d03 and "SemiFL" not in md and "FlexMatch" not in md
+    assert f"- {unfinished}: unfinished (round 2 of 5)" in md
+    assert f"- {failed}: failed (failure.json)" in md
+    assert f"- {torn}: unreadable (ValueError: metrics.jsonl:" in md
+    assert f"- {broken}: unreadable (ValueError: config.yaml:" in md
     assert "Best test accuracy" not in md  # not a headline figure any more
     assert (
         "Each cell: seeds 0 (1 run); except" in md and "FixMatch @ mnist10k δ=0.3: seeds 0, 1" in md
@@ -402,7 +415,48 @@ def test_report_input_errors(tmp_path, capsys):
     assert report.main([str(tmp_path / "nope")]) == 2
     assert "not a directory" in capsys.readouterr().err
     assert report.main([str(tmp_path)]) == 2
-    assert "no run directories" in capsys.readouterr().err
+    assert "no finished run" in capsys.readouterr().err
+
+
+def identify(run_dir, row, config=None):
+    """identity.json as a run writes it (fssl/identity.py), for a hand-made run."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    (run_dir / "identity.json").write_text(
+        json.dumps(
+            {
+                "row": row,
+                "row_from": "table",
+                "selection": None,
+                "regime": "quick",
+                "config": config or identity.config_fingerprint(cfg),
+            }
+        )
+    )
+    return run_dir
+
+
+def test_a_report_names_each_row_apart_and_refuses_to_pool_settings_or_seeds(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    identify(fake_run(runs, "a", "fixmatch", 0, [0.5, 0.6]), "fixmatch")
+    identify(fake_run(runs, "b", "fixmatch", 0, [0.5, 0.7], ["model.norm=gn"]), "fixmatch-gn")
+    out = tmp_path / "rep"
+    assert report.main([str(runs), "--out", str(out)]) == 0
+    md = (out / "results.md").read_text()
+    assert "| FixMatch | 60.00(–) |" in md and "| FixMatch [fixmatch-gn] | 70.00(–) |" in md
+    # one row, two settings: refused naming the key, or split by it
+    identify(fake_run(runs, "c", "fixmatch", 1, [0.5, 0.8], ["train.tau=0.5"]), "fixmatch")
+    capsys.readouterr()
+    assert report.main([str(runs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "FixMatch @ mnist10k δ=0.3: its runs differ in train.tau" in err
+    assert report.main([str(runs), "--out", str(out), "--split"]) == 0
+    md = (out / "results.md").read_text()
+    assert "| FixMatch {train.tau=0.95} |" in md and "| FixMatch {train.tau=0.5} |" in md
+    # a seed twice under one row
+    shutil.rmtree(runs / "c_s1")
+    identify(fake_run(runs, "d", "fixmatch", 0, [0.5, 0.9]), "fixmatch")
+    assert report.main([str(runs), "--out", str(out)]) == 2
+    assert "FixMatch @ mnist10k δ=0.3: seed 0 twice" in capsys.readouterr().err
 
 
 def test_report_colours_pair_each_method_with_its_dpl_variant():
