@@ -266,10 +266,12 @@ def recovered(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
     return {
         "row": variant(cfg),
-        "row_from": "recovered",
+        "row_from": "switches",
         "selection": None,
         "regime": rc.get("experiment", ""),
         "config": identity.config_fingerprint(cfg),
+        "dataset": rc.get("dataset", cfg["dataset"]["name"]),
+        "partition": rc.get("partition", ""),
     }
 
 

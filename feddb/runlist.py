@@ -30,10 +30,9 @@ ORDER = ("regime", "scenario", "dataset", "partition", "row", "seed")
 
 
 def run_fields(run: dict) -> dict:
-    """One runs.csv line for a run directory in the sweep layout
-    (<out>/<dataset>_<partition>/<row>/s<seed>, the regime one level above when there is one)."""
-    d = Path(run["dir"])
-    dataset, _, partition = d.parent.parent.name.partition("_")
+    """One runs.csv line for a run as `feddb report` read it: its row, dataset and partition as
+    its identity records them (the run-config's names, which `feddb reproduce` runs again)."""
+    d, ident = Path(run["dir"]), run["identity"]
     rc_file, prov_file = d / "run_config.json", d / "provenance.json"
     rc = json.loads(rc_file.read_text()) if rc_file.is_file() else {}
     prov = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
@@ -42,9 +41,9 @@ def run_fields(run: dict) -> dict:
     scenario = scenario_of(run["cfg"])[0] if "cfg" in run else rc.get("scenario", DEFAULT_SCENARIO)
     return {
         "regime": run.get("regime", ""),
-        "row": d.parent.name,
-        "dataset": dataset,
-        "partition": partition,
+        "row": ident["row"] + selection_suffix(ident.get("selection")),
+        "dataset": ident["dataset"],
+        "partition": ident["partition"],
         "scenario": scenario,
         "seed": run["seed"],
         "final": f"{100 * run['final']:.2f}",
@@ -54,6 +53,13 @@ def run_fields(run: dict) -> dict:
         "date": str(prov.get("date") or "")[:19],
         "run_config": json.dumps(rc),
     }
+
+
+def selection_suffix(selection: dict | None) -> str:
+    """A selection's run as its sweep names its directory: `@<the key's last part>=<value>`."""
+    if not selection:
+        return ""
+    return f"@{selection['key'].rpartition('.')[2]}={selection['value']}"
 
 
 def write_runs(runs: list[dict], path: Path) -> None:

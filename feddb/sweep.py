@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -140,37 +139,17 @@ def request_of(run_config: str) -> dict[str, Any]:
     return run_config_defaults() | absolute_paths(parse_run_config(run_config))
 
 
-def overrides_of(text: str) -> dict[str, str]:
-    return dict(o.partition("=")[::2] for o in shlex.split(str(text or "")))
-
-
 def differences(run_dir: Path, asked: dict[str, Any]) -> list[str]:
-    """How the run in run_dir was asked otherwise than this combination asks, key by key ([]: the
-    same run). A key the saved request lacks (one added to the app since) counts as its default;
-    row and selection, recorded since identities were, are not held against older runs."""
-    from fssl.config import IDENTITY_KEYS, run_config_defaults
+    """How the run in run_dir was asked otherwise than this combination asks ([]: the same)."""
+    from fssl.config import run_config_defaults
+    from fssl.identity import asked_otherwise
 
     file = run_dir / "run_config.json"
     try:
         saved = json.loads(file.read_text())
     except (OSError, ValueError):
         return [f"{file.name} unreadable"]
-    full = run_config_defaults() | saved
-    out = []
-    for key in sorted((set(asked) | set(full)) - {"output-dir", "resume"}):
-        was, now = full.get(key, ""), asked.get(key, "")
-        if key in IDENTITY_KEYS and key not in saved:
-            continue
-        if key == "overrides":
-            a, b = overrides_of(was), overrides_of(now)
-            out += [
-                f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}"
-                for k in sorted(set(a) | set(b))
-                if a.get(k) != b.get(k)
-            ]
-        elif was != now:
-            out.append(f"{key}: {was!r} -> {now!r}")
-    return out
+    return asked_otherwise(saved, asked, run_config_defaults())
 
 
 def resumable(run_dir: Path) -> bool:

@@ -26,6 +26,7 @@ from .checks import (
     numbers,
     path_string,
 )
+from .identity import IDENTITY_KEYS
 from .methods import check_method, fill_defaults, method_class
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -55,9 +56,6 @@ def given(run_config: dict[str, Any]) -> dict[str, Any]:
         for k, v in run_config.items()
         if v != "" and not (k in defaults and v == defaults[k] and type(v) is type(defaults[k]))
     }
-
-
-IDENTITY_KEYS = ("row", "selection")  # what the run is called (identity.json), not what it runs
 
 
 def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,7 +101,8 @@ def make(cfg: dict[str, Any], run_config: dict[str, Any], ds: Any) -> dict[str, 
         "seed": cfg["seed"],
         "config": config_fingerprint(cfg),
         "data": data_fingerprint(ds),
-        "dataset": cfg["dataset"]["name"],
+        "dataset": str(run_config.get("dataset") or cfg["dataset"]["name"]),
+        "partition": str(run_config.get("partition") or ""),
         "run": uuid.uuid4().hex,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -171,3 +173,31 @@ def check_checkpoint(run_dir: Path, state: dict[str, Any]) -> None:
             f"({state.get('run') or 'one without an identity'}, not {identity['run']} of "
             f"{FILE}); restore the run's own checkpoint, or start it anew in a new output-dir"
         )
+
+
+IDENTITY_KEYS = ("row", "selection")  # run-config keys that name a run, set nothing in it
+
+
+def asked_otherwise(saved: dict[str, Any], asked: dict[str, Any], defaults: dict) -> list[str]:
+    """How a run was asked (its run_config.json) otherwise than `asked`, key by key, overrides
+    one by one ([]: the same request). A key the saved request lacks (one added to the app
+    since) counts as its default; the naming keys, recorded since identities were, are not held
+    against older runs."""
+    full = defaults | saved
+    out = []
+    for key in sorted((set(asked) | set(full)) - {"output-dir", "resume"}):
+        was, now = full.get(key, ""), asked.get(key, "")
+        if key in IDENTITY_KEYS and key not in saved:
+            continue
+        if key == "overrides":
+            a, b = overrides_of(was), overrides_of(now)
+            changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out += [f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in changed]
+        elif was != now:
+            out.append(f"{key}: {was!r} -> {now!r}")
+    return out
+
+
+def overrides_of(text: str) -> dict[str, str]:
+    """Hydra overrides as key -> value (the later wins, as in Hydra)."""
+    return dict(o.partition("=")[::2] for o in shlex.split(str(text or "")))

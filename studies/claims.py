@@ -651,7 +651,7 @@ ROUND_KEYS = (
     "lr",
     "skipped",
 )
-RUN_FILES = ("config.yaml", "summary.json", "provenance.json", "run_config.json")
+RUN_FILES = ("config.yaml", "summary.json", "provenance.json", "run_config.json", "identity.json")
 
 
 def _rounded(x: Any) -> Any:
@@ -733,11 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
     everything = load(root)
-    try:
-        selections = [r for r in everything if factors.tuned(r)]
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    selections = [r for r in everything if factors.tuned(r)]
     cause = [r for r in everything if r["regime"] == factors.CAUSE and not factors.tuned(r)]
     runs = [r for r in everything if r["regime"] != factors.CAUSE and not factors.tuned(r)]
     if not everything:

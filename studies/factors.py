@@ -134,18 +134,17 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
 
 
 def tuned(run: dict[str, Any]) -> tuple[str, str, float | str] | None:
-    """(row, the tuned key's short name, value) of a run a selection sweep made (its directory
-    `<row>@<name>=<value>`, `feddb sweep ... tune=<key> value=a,b,c`), else None."""
-    row, at, choice = run["dir"].parent.name.partition("@")
-    if not at:
+    """(row, the tuned key's short name, value) of a run a selection sweep made (`feddb sweep ...
+    tune=<key> value=a,b,c`: its identity's selection), else None."""
+    ident = run["identity"]
+    sel = ident.get("selection")
+    if not sel:
         return None
-    name, eq, value = choice.partition("=")
-    if not eq:
-        raise ValueError(f"{run['dir']}: a selection's run directory is <row>@<name>=<value>")
+    name, value = sel["key"].rpartition(".")[2], sel["value"]
     try:
-        return row, name, float(value)
+        return ident["row"], name, float(value)
     except ValueError:
-        return row, name, value  # e.g. tune=model.norm value=bn,gn
+        return ident["row"], name, value  # e.g. tune=model.norm value=bn,gn
 
 
 def chosen(means: dict, val_images: int) -> float | str:

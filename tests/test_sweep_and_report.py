@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -709,3 +710,38 @@ def test_the_row_check_reads_plain_lists_and_leaves_hydras_grammar_to_hydra():
     ]
     assert swept_rows({}, ["row=choice(fedavg,feddb)"]) == []
     assert swept_rows({}, ["row='fedavg',feddb"]) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
+    """Real runs (in process, one round): fixmatch-gn and feddb-literal-dma are cells of their
+    own, not pooled under FixMatch and FedDB (they were: "seeds 0, 0, 1, 1")."""
+    tiny = (
+        "num-server-rounds=1 overrides='fl.num_clients=4 fl.fraction_train=0.5 "
+        "dataset.num_labeled=100 train.local_epochs=1 model.width=8 train.warmup_rounds=0'"
+    )
+    res = sweep(
+        tmp_path,
+        "row=fixmatch,fixmatch-gn,feddb,feddb-literal-dma",
+        "seed=0,1",
+        "experiment=quick",
+        f"run_config={tiny}",
+        launcher="[python,-m,feddb.inprocess]",
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "rep"
+    assert report.main([str(tmp_path / "out"), "--out", str(out)]) == 0
+    cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
+    assert cells == {
+        "FixMatch": "2",
+        "FixMatch [fixmatch-gn]": "2",
+        "FedDB": "2",
+        "FedDB, literal DMA": "2",
+    }
+    runs = csv.DictReader((out / "runs.csv").open())
+    assert sorted((r["row"], r["seed"]) for r in runs) == sorted(
+        (row, seed)
+        for row in ("fixmatch", "fixmatch-gn", "feddb", "feddb-literal-dma")
+        for seed in ("0", "1")
+    )
