@@ -114,6 +114,12 @@ def runs_table(tmp: Path) -> Path:
     return a_file(tmp, "runs.csv", "\n".join(lines) + "\n")
 
 
+def exiting_method(tmp: Path) -> Path:
+    """A user's method file that calls sys.exit(0) at import (without the check, exit 0, no run)."""
+    (tmp / "exiting_method.py").write_text("import sys\n\nsys.exit(0)\n")
+    return tmp / "exiting_method.py"
+
+
 def plain_class(tmp: Path) -> Path:
     """A user's file whose class is not a method (no hooks)."""
     (tmp / "plain_method.py").write_text("class Plain:\n    pass\n")
@@ -171,6 +177,12 @@ CASES = [
         "a user class without the method hooks",
         lambda t: f"method='{plain_class(t)}:Plain'",
         "Plain lacks",
+    ),
+    (
+        "methods",
+        "a user method file that exits at import",
+        lambda t: f"method='{exiting_method(t)}:Mine'",
+        "exits at import",
     ),
     (
         "methods",
