@@ -371,8 +371,7 @@ def preflight(text: str) -> tuple[dict, dict]:
     ConfigError, DataError or ValueError with one line for the user; returns the run-config (paths
     absolute) and the configuration."""
     from fssl.checks import ConfigError
-    from fssl.data import load_dataset
-    from fssl.runtime import partition_for
+    from fssl.runtime import check_data, partition_for
     from server_app.config import resolve
 
     run_config = absolute_paths(parse_run_config(text))
@@ -385,7 +384,7 @@ def preflight(text: str) -> tuple[dict, dict]:
                 "device=cuda, and this machine has no CUDA GPU that PyTorch can use: set "
                 "device=auto (the GPU where there is one) or device=cpu"
             )
-    load_dataset(cfg["dataset"])
+    check_data(cfg)  # the data loads, and the model takes its images
     partition_for(cfg)  # a split the data cannot give fails here, not after Flower starts
     if resume_dir is not None:
         from fssl import checkpoint

@@ -88,6 +88,21 @@ def run_with(tmp: Path, name: str, steps: int = 0) -> Path:
     return run
 
 
+def foreign_dir(tmp: Path) -> Path:
+    """A directory of the user's own files, no run in it (metrics.jsonl among them)."""
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("my notes\n")
+    (tmp / "mine" / "metrics.jsonl").write_text('{"mine": 1}\n')
+    return tmp / "mine"
+
+
+def never_started(tmp: Path) -> Path:
+    """What a run that failed at start-up leaves: its configuration, no round."""
+    run = run_with(tmp, "startup")
+    (run / "metrics.jsonl").write_text("")
+    return run
+
+
 def a_file(tmp: Path, name: str = "afile", text: str = "not a directory\n") -> Path:
     (tmp / name).write_text(text)
     return tmp / name
@@ -143,6 +158,7 @@ CASES = [
     ("run-config", "an unknown scenario", "scenario='labels_nowhere'", "scenario"),
     ("run-config", "an unknown strategy", "strategy='fedbogus'", "strategy"),
     ("run-config", "a seed that is a string", "seed='one'", "seed"),
+    ("run-config", "a seed numpy cannot take (2**32)", "seed=4294967296", "seed"),
     ("overrides", "a key that does not exist", "overrides='train.lrr=0.1'", "train.lrr"),
     ("overrides", "a key added with +", "overrides='+train.lrr=0.1'", "train.lrr"),
     ("overrides", "a key added with ++", "overrides='++dma.stepz=5'", "dma.stepz"),
@@ -259,11 +275,26 @@ CASES = [
     ),
     (
         "data files",
+        "images too small for the model (2x2)",
+        lambda t: (
+            f"dataset='npz' data-path='"
+            f"{digits(t, 'tiny.npz', x_train=np.zeros((1000, 2, 2), np.uint8), x_test=np.zeros((200, 2, 2), np.uint8))}'"
+        ),
+        "2x2 images",
+    ),
+    (
+        "data files",
         "a directory for an image folder that is not there",
         lambda t: f"dataset='imagefolder' data-path='{t}/photos'",
         "photos",
     ),
     ("resume", "a directory that is not a run", lambda t: f"resume='{t}/nothing'", "nothing"),
+    (
+        "resume",
+        "a run that failed at start-up",
+        lambda t: f"resume='{never_started(t)}'",
+        "ended no round",
+    ),
     ("resume", "a run without a checkpoint", lambda t: f"resume='{run_with(t, 'young')}'", "young"),
     (
         "resume",
@@ -290,6 +321,12 @@ CASES = [
         "afile is a file",
     ),
     ("output", "an output-dir that is a file", lambda t: f"output-dir='{a_file(t)}'", "afile"),
+    (
+        "output",
+        "an output-dir holding the user's own files",
+        lambda t: f"output-dir='{foreign_dir(t)}'",
+        "not a run of this project",
+    ),
     ("output", "an output-dir in /proc", "output-dir='/proc/feddb-run'", "/proc"),
     (
         "overrides",

@@ -307,6 +307,27 @@ def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_
     assert not recs[2]["skipped"]
 
 
+def test_a_run_that_failed_at_start_up_leaves_nothing_that_blocks_its_command(
+    small_npz, tmp_path, monkeypatch
+):
+    """A start-up crash after the run directory is written (here: binding the nodes) ended no
+    round: the same command takes the directory again and completes, while a run that ended a
+    round is still refused."""
+    import server_app.app
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("start-up crash")
+
+    with monkeypatch.context() as mp, pytest.raises(RuntimeError, match="start-up crash"):
+        mp.setattr(server_app.app, "bind_partitions", crash)
+        run_server(tmp_path / "run", small_npz)
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    run_server(tmp_path / "run", small_npz)
+    assert [r["round"] for r in records(tmp_path / "run")] == list(range(1, ROUNDS + 1))
+    with pytest.raises(ConfigError, match="holds a run"):
+        run_server(tmp_path / "run", small_npz)
+
+
 def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
     arrays = {
         "global": {"w": np.arange(3, dtype=np.float32), "n": np.array(4)},
