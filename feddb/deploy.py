@@ -31,19 +31,17 @@ from pathlib import Path
 
 from feddb.launch import (
     PROJECT,
-    TOKEN_VAR,
     absolute_paths,
     add_run_config,
     completed,
     format_run_config,
     free_port,
     lean_app,
-    marked,
     one_run_config,
     parse_run_config,
-    stop,
 )
-from server_app.rounds import FAILED_EXIT, FAILURE
+from fssl.profiling import TOKEN_VAR, marked, stop
+from server_app.rounds import FAILED_EXIT, FAILURE, SKIPPED_EXIT, skipped_in
 
 
 # -- credentials -------------------------------------------------------------------------------
@@ -506,8 +504,9 @@ def run_local(
             return FAILED_EXIT
         if not completed(run_id, status):
             return 1
-        print(f"run {run_id}: {status['status']}", flush=True)
-        return 0
+        note = skipped_in(run_config.get("output-dir"))  # exit 4: read where the run is known
+        print(f"run {run_id}: {status['status']}" + (f"; {note}" if note else ""), flush=True)
+        return SKIPPED_EXIT if note else 0
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

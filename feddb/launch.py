@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feddb.resources import RayHead, free_port, mps, ray_head
+from fssl.profiling import stop
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -224,8 +225,9 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
         line = line.rstrip("\n")
         if "[feddb] round" in line:
             STARTED.set()
-        if RUN_FAILED in line:
-            FAILED.append(line[line.find(RUN_FAILED) + len(RUN_FAILED) :].strip())
+        for marker, found in ((RUN_FAILED, FAILED), (RUN_SKIPPED, SKIPPED)):
+            if marker in line:
+                found.append(line[line.find(marker) + len(marker) :].strip())
         if verbose:
             print(line, flush=True)
             continue
@@ -315,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
 STARTED = threading.Event()  # set when the run's first round line arrives (follow_log)
 RUN_FAILED = "[feddb] run failed:"  # the ServerApp's line for a run that failed while training
 FAILED: list[str] = []  # its cause, once follow_log has seen it
+RUN_SKIPPED = "[feddb] rounds skipped:"  # server_app.rounds.RUN_SKIPPED: a run that exits 4
+SKIPPED: list[str] = []  # how many rounds it skipped, once follow_log has seen it
 
 
 @contextlib.contextmanager
@@ -452,7 +456,7 @@ def flwr_run(
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
-    FAILED.clear()
+    del FAILED[:], SKIPPED[:]
     export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     http_port, control_port = free_port(), free_port()
@@ -498,16 +502,16 @@ def flwr_run(
         if show:
             follow_log(run_id, env, verbose, followers)
         status = wait_for(run_id, env, follow=not show)
-        if FAILED:
-            from server_app.rounds import FAILED_EXIT
+        from server_app.rounds import FAILED_EXIT, SKIPPED_EXIT
 
+        if FAILED:
             print(f"error: run failed: {FAILED[0]}", file=sys.stderr)
             return FAILED_EXIT
         if not completed(run_id, status):
             return 1
         if show:
-            print(f"run {run_id}: {status['status']}")
-        return 0
+            print(f"run {run_id}: {status['status']}" + "".join(f"; {n}" for n in SKIPPED[:1]))
+        return SKIPPED_EXIT if SKIPPED else 0
     finally:
         done.set()
         stage.cleanup()
@@ -616,40 +620,6 @@ def gpus_per_client(value: str, cfg: dict) -> float:
             "CUDA GPU here), and Ray would wait for a GPU that is not there; drop the option"
         )
     return share
-
-
-def stop(pids: list[int], grace: float = 15.0) -> None:
-    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
-    from fssl.profiling import alive
-
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if alive(p)]
-        time.sleep(0.2)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-TOKEN_VAR = "FEDDB_DEPLOYMENT"
-
-
-def marked(token: str, var: str = TOKEN_VAR) -> list[int]:
-    """Running processes whose environment has `var`=`token`, this one left out."""
-    from fssl.profiling import live_processes
-
-    entry, found = f"{var}={token}".encode(), []
-    for pid, _ in live_processes():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry in environ and pid != os.getpid():
-            found.append(pid)
-    return found
 
 
 if __name__ == "__main__":

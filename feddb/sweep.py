@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 
 from feddb.rows import table
 from fssl.runtime import cores
-from server_app.rounds import FAILURE
+from server_app.rounds import FAILURE, SKIPPED_EXIT
 
 PROJECT = Path(__file__).resolve().parents[1]
 STATUS = "sweep_status.jsonl"
@@ -199,7 +199,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
             cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT, env=run_env(run_dir)
         )
     record.update(seconds=time.perf_counter() - t0, log=str(log), exit=code)
-    ok = code == 0 and complete(run_dir)
+    ok = code in (0, SKIPPED_EXIT) and complete(run_dir)  # skipped rounds: in summary.json
     return {
         **record,
         "status": "done" if ok else "failed",

@@ -1,12 +1,15 @@
 """cProfile of an app's calls when FEDDB_PROFILE names a directory (`feddb overhead --profile`):
-each process adds its calls to `<dir>/<side>-<pid>.prof`; and the start-up timeline of a run."""
+each process adds its calls to `<dir>/<side>-<pid>.prof`; the start-up timeline of a run; and the
+processes of this machine, as /proc lists them (what the launchers stop: `stop`, `marked`)."""
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import functools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +68,36 @@ def cmdline(pid: int) -> list[bytes]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return []
+
+
+def stop(pids: list[int], grace: float = 15.0) -> None:
+    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if alive(p)]
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+TOKEN_VAR = "FEDDB_DEPLOYMENT"
+
+
+def marked(token: str, var: str = TOKEN_VAR) -> list[int]:
+    """Running processes whose environment has `var`=`token`, this one left out."""
+    entry, found = f"{var}={token}".encode(), []
+    for pid, _ in live_processes():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry in environ and pid != os.getpid():
+            found.append(pid)
+    return found
 
 
 def process_start(pid: int | str = "self") -> float | None:
