@@ -40,7 +40,8 @@ from feddb.launch import (
     one_run_config,
     parse_run_config,
 )
-from fssl.profiling import TOKEN_VAR, marked, stop
+from fssl.config import interrupted_exit
+from fssl.profiling import TOKEN_VAR, interruptible, marked, stop
 from server_app.rounds import FAILED_EXIT, FAILURE, SKIPPED_EXIT, skipped_in
 
 
@@ -702,8 +703,17 @@ def _wait_for_port(port: int, timeout: float = 30.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind through `close`, as Ctrl-C does
-        signal.signal(sig, lambda num, _frame: sys.exit(128 + num))
+    with interruptible():  # Ctrl-C, SIGTERM, SIGHUP: unwind through `close`, then one line
+        try:
+            return command(argv)
+        except KeyboardInterrupt as err:
+            given = sys.argv[1:] if argv is None else argv
+            texts = [b for a, b in zip(given, given[1:]) if a == "--run-config"]
+            out = absolute_paths(parse_run_config(texts[0])).get("output-dir") if texts else None
+            return interrupted_exit(err, out, ["feddb", "deploy", *given])
+
+
+def command(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")

@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     from fssl.checks import ConfigError
+    from fssl.config import interrupted_exit
     from fssl.data import DataError
+    from fssl.profiling import interruptible
     from server_app.app import STATE
     from server_app.rounds import FAILED_EXIT, SKIPPED_EXIT, RunFailed
 
@@ -175,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     state = RecordDict()
     try:
-        run_in_process(run_config, state=state)
+        with interruptible():  # Ctrl-C, SIGTERM, SIGHUP: one line, how to go on
+            run_in_process(run_config, state=state)
     except RunFailed as err:
         print(f"error: run failed: {err}", file=sys.stderr)
         return FAILED_EXIT
+    except KeyboardInterrupt as err:
+        run_dir = str(state[STATE]["run_dir"]) if STATE in state else None
+        command = ["feddb", "local", *(sys.argv[1:] if argv is None else argv)]
+        return interrupted_exit(err, run_dir, command)
     note = state[STATE].get("skipped")  # the ServerApp's last line said it too
     if note:
         print(f"warning: {note}; exit {SKIPPED_EXIT}", file=sys.stderr)

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feddb.resources import RayHead, free_port, mps, ray_head
-from fssl.profiling import stop
+from fssl.config import interrupted_exit
+from fssl.profiling import interruptible, stop, superlink_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -104,25 +104,6 @@ def format_run_config(values: dict) -> str:
         return str(v)
 
     return " ".join(f"{k}={value(v)}" for k, v in values.items())
-
-
-FLOWER_PROCESSES = (b"flower-superlink", b"flower-superexec", b"flwr-simulation")
-
-
-def superlink_pids(port: int) -> list[int]:
-    """Pids of the flower-superlink serving `port`, and of its SuperExec and simulation
-    processes (they name it as their runtime API address), found through /proc."""
-    from fssl.profiling import cmdline, live_processes
-
-    pids = []
-    mine = (str(port).encode(), f":{port}".encode())
-    for pid, _ in live_processes():
-        cmd = cmdline(pid)
-        if any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES) and any(
-            c == mine[0] or c.endswith(mine[1]) for c in cmd
-        ):
-            pids.append(pid)
-    return pids
 
 
 SKIP_DIRS = (".git", ".venv", ".flwr", "__pycache__")  # never in a FAB (Flower's rules)
@@ -225,7 +206,7 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
         line = line.rstrip("\n")
         if "[feddb] round" in line:
             STARTED.set()
-        for marker, found in ((RUN_FAILED, FAILED), (RUN_SKIPPED, SKIPPED)):
+        for marker, found in ((RUN_FAILED, FAILED), (RUN_SKIPPED, SKIPPED), (" run_dir=", RUN_DIR)):
             if marker in line:
                 found.append(line[line.find(marker) + len(marker) :].strip())
         if verbose:
@@ -286,9 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         "instead of a Ray head started at once beside the SuperLink (slower)",
     )
     args = ap.parse_args(argv)
-    # SIGTERM (a sweep or a job system stopping this run) unwinds like Ctrl-C: the SuperLink and
-    # the Ray head started here are stopped on the way out, not left behind
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # SIGINT, SIGTERM (a sweep, a job system), SIGHUP (a closed terminal): the SuperLink and the
+    # Ray head started here are stopped on the way out, then one line says how to go on
+    with interruptible():
+        try:
+            return run_command(args)
+        except KeyboardInterrupt as err:
+            command = ["feddb", "run", *(sys.argv[1:] if argv is None else argv)]
+            return interrupted_exit(err, RUN_DIR[-1] if RUN_DIR else None, command)
+
+
+def run_command(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(PROJECT))
     from fssl.checks import ConfigError
     from fssl.data import DataError
@@ -319,6 +308,7 @@ RUN_FAILED = "[feddb] run failed:"  # the ServerApp's line for a run that failed
 FAILED: list[str] = []  # its cause, once follow_log has seen it
 RUN_SKIPPED = "[feddb] rounds skipped:"  # server_app.rounds.RUN_SKIPPED: a run that exits 4
 SKIPPED: list[str] = []  # how many rounds it skipped, once follow_log has seen it
+RUN_DIR: list[str] = []  # the run's directory, from the ServerApp's first line (open_run_dir)
 
 
 @contextlib.contextmanager
@@ -456,7 +446,7 @@ def flwr_run(
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
-    del FAILED[:], SKIPPED[:]
+    del FAILED[:], SKIPPED[:], RUN_DIR[:]
     export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     http_port, control_port = free_port(), free_port()

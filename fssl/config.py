@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,36 @@ def check_output_dir(out: str) -> None:
                     f"output-dir '{out}': cannot write in {part}; choose a directory you can write"
                 )
             return
+
+
+def resume_hint(run_dir: str | None, command: list[str]) -> str:
+    """The one line of a run stopped by a signal: how to go on. `command`: the one that started
+    it (`feddb run ...`), whose --run-config the line replaces with resume=<run_dir>."""
+    if not run_dir:
+        return "interrupted before the run had a directory: nothing to resume"
+    path, kept = Path(run_dir), []
+    for arg in command:
+        if kept and kept[-1] == "--run-config":
+            kept.pop()
+        elif not arg.startswith("--run-config="):
+            kept.append(arg)
+    if any((path / name).is_file() for name in ("checkpoint.pt", "checkpoint.prev.pt")):
+        resume = f"\"resume='{path}'\"" if shlex.quote(str(path)) == str(path) else ""
+        resume = resume or shlex.quote(f"resume={shlex.quote(str(path))}")  # an unusual path
+        return f"interrupted; resume with: {shlex.join(kept)} --run-config {resume}"
+    if not ended_a_round(path):
+        return f"interrupted before its first round: the same command starts it again in {path}"
+    return (
+        f"interrupted before its first checkpoint (checkpoint.every): {path} keeps its rounds; "
+        "start it again with another output-dir"
+    )
+
+
+def interrupted_exit(err: KeyboardInterrupt, run_dir: str | None, command: list[str]) -> int:
+    """A launcher stopped by a signal: its one line (resume_hint) and its exit status, 128 + the
+    signal (fssl.profiling.Interrupted; 130, SIGINT's, for a plain KeyboardInterrupt)."""
+    print(resume_hint(run_dir, command), file=sys.stderr, flush=True)
+    return getattr(err, "code", 130)
 
 
 def ended_a_round(run_dir: Path) -> bool:

@@ -213,41 +213,46 @@ def _ray_head_of(launcher_pid: int) -> int | None:
 
 
 @pytest.mark.slow
-def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
-    """SIGTERM (a sweep or a job system stopping a run) unwinds the launcher: what it started goes."""
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path, signum):
+    """SIGTERM (a sweep or a job system stopping a run), SIGHUP (a closed terminal: it used to
+    leave the Ray head, its raylet and GCS, the SuperLink and the SuperExec running) and SIGINT
+    (Ctrl-C) unwind the launcher: what it started goes, and its last line, no traceback, says
+    how to resume; the exit status is 128 + the signal."""
     import signal
     import time
 
     from feddb.resources import group_alive
 
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
+    run = tmp_path / "run"
+    rc = f"num-server-rounds=50 output-dir='{run}' overrides='{TINY} checkpoint.every=1'"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "feddb.launch",
-            "--run-config",
-            on_small_data(
-                f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' overrides='{TINY}'"
-            ),
-        ],
+        [sys.executable, "-m", "feddb.launch", "--run-config", on_small_data(rc)],
         cwd=PROJECT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     head = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (
-        head and flower_pids(tmp_path / "flwr-home") and (tmp_path / "run" / "config.yaml").exists()
+        head and flower_pids(tmp_path / "flwr-home") and (run / "checkpoint.pt").exists()
     ):
         head = head or _ray_head_of(proc.pid)
         time.sleep(0.2)
     assert head and flower_pids(tmp_path / "flwr-home"), "the run did not start"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    sig = getattr(signal, signum)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + sig, err[-3000:]
     assert not flower_pids(tmp_path / "flwr-home")
     assert not group_alive(head)
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted; resume with: feddb run --run-config \"resume='{run}'\""
+    )
 
 
 @pytest.mark.parametrize(
@@ -277,7 +282,7 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message, m
 
     from feddb.launch import main
 
-    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the launcher's SIGTERM handler
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the launcher's signal handlers
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     monkeypatch.setenv("FEDDB_LAUNCH_TIME", "0")  # main sets it: restored afterwards
     assert main(["--run-config", on_small_data(run_config)]) == 2
