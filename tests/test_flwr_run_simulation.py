@@ -212,6 +212,51 @@ def _ray_head_of(launcher_pid: int) -> int | None:
     return None
 
 
+PARTITION_0_FAILS = """
+from fssl.methods.fixmatch import FixMatch
+
+FAIL = {fail}  # partition 0's client seeds (fssl.train.client_seed), round by round
+
+
+class PartitionZeroFails(FixMatch):
+    def fit(self, model, data, lr, seed, *args, **kwargs):
+        if seed in FAIL:
+            raise RuntimeError("partition 0 fails")
+        return super().fit(model, data, lr, seed, *args, **kwargs)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_with_skipped_rounds_exits_4_and_says_how_many_last(tmp_path):
+    """Through Flower: partition 0 of 3 fails every round and fl.min_train_clients=3, so each
+    round keeps the global model; Flower ends the run `finished:completed`, and the launcher
+    (which reads the ServerApp's line in the log) names the skipped rounds last and exits 4."""
+    from fssl.train import client_seed
+
+    method = tmp_path / "zero_fails.py"
+    method.write_text(PARTITION_0_FAILS.format(fail={client_seed(5, r, 0) for r in (1, 2)}))
+    out = tmp_path / "run"
+    overrides = (
+        "fl.num_clients=3 fl.fraction_train=1.0 fl.min_train_clients=3 dataset.num_labeled=150 "
+        "train.local_epochs=1 fl.node_wait=120 train.warmup_rounds=0 model.width=8"
+    )
+    res = launch(
+        tmp_path,
+        f"method='{method}:PartitionZeroFails' num-server-rounds=2 seed=5 output-dir='{out}' "
+        f"overrides='{overrides}'",
+    )
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (
+        res.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            "finished:completed; 2 of 2 rounds skipped (round 1, 2: fewer valid replies than "
+            "fl.min_train_clients, the global model kept)"
+        )
+    )
+    assert json.loads((out / "summary.json").read_text())["skipped_rounds"] == [1, 2]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path, signum):
