@@ -82,7 +82,7 @@ def run(engine: str, threads: str | None, rounds: int, tmp: Path) -> float:
 def stop_superlink(home: Path) -> None:
     """Stop the processes whose environment carries this FLWR_HOME (the local SuperLink that
     plain `flwr run` started, its SuperExec and simulation)."""
-    from feddb.launch import marked, stop
+    from fssl.profiling import marked, stop
 
     stop(marked(str(home), "FLWR_HOME"))
 

@@ -31,19 +31,18 @@ from pathlib import Path
 
 from feddb.launch import (
     PROJECT,
-    TOKEN_VAR,
     absolute_paths,
     add_run_config,
     completed,
     format_run_config,
     free_port,
     lean_app,
-    marked,
     one_run_config,
     parse_run_config,
-    stop,
 )
-from server_app.rounds import FAILED_EXIT, FAILURE
+from fssl.config import interrupted_exit
+from fssl.profiling import TOKEN_VAR, interruptible, marked, stop
+from server_app.rounds import FAILED_EXIT, FAILURE, SKIPPED_EXIT, skipped_in
 
 
 # -- credentials -------------------------------------------------------------------------------
@@ -506,8 +505,9 @@ def run_local(
             return FAILED_EXIT
         if not completed(run_id, status):
             return 1
-        print(f"run {run_id}: {status['status']}", flush=True)
-        return 0
+        note = skipped_in(run_config.get("output-dir"))  # exit 4: read where the run is known
+        print(f"run {run_id}: {status['status']}" + (f"; {note}" if note else ""), flush=True)
+        return SKIPPED_EXIT if note else 0
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -703,8 +703,17 @@ def _wait_for_port(port: int, timeout: float = 30.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # unwind through `close`, as Ctrl-C does
-        signal.signal(sig, lambda num, _frame: sys.exit(128 + num))
+    with interruptible():  # Ctrl-C, SIGTERM, SIGHUP: unwind through `close`, then one line
+        try:
+            return command(argv)
+        except KeyboardInterrupt as err:
+            given = sys.argv[1:] if argv is None else argv
+            texts = [b for a, b in zip(given, given[1:]) if a == "--run-config"]
+            out = absolute_paths(parse_run_config(texts[0])).get("output-dir") if texts else None
+            return interrupted_exit(err, out, ["feddb", "deploy", *given])
+
+
+def command(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")

@@ -133,8 +133,10 @@ def run_in_process(
     app=None,
     node_config: dict[int, dict] | None = None,
     overlap: bool = False,
+    state: RecordDict | None = None,
 ) -> None:
-    """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given)."""
+    """The real ServerApp over a LocalGrid (one node per client unless `num_nodes` is given);
+    `state`: the ServerApp's context state (server_app.app.STATE: run directory, rounds skipped)."""
     from client_app.app import app as client_app
     from fssl.config import run_config_defaults
     from server_app.app import app as server_app
@@ -144,7 +146,13 @@ def run_in_process(
     rc = run_config_defaults() | run_config  # what Flower's runtime passes: all keys
     if num_nodes is None:
         num_nodes = resolve(rc)[0]["fl"]["num_clients"]
-    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    ctx = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict() if state is None else state,
+        run_config=rc,
+    )
     server_app(LocalGrid(app or client_app, num_nodes, hook, node_config, overlap), ctx)
 
 
@@ -156,20 +164,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     from fssl.checks import ConfigError
+    from fssl.config import interrupted_exit
     from fssl.data import DataError
-    from server_app.rounds import FAILED_EXIT, RunFailed
+    from fssl.profiling import interruptible
+    from server_app.app import STATE
+    from server_app.rounds import FAILED_EXIT, SKIPPED_EXIT, RunFailed
 
     try:
         run_config, _ = preflight(one_run_config(args.run_config))
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    state = RecordDict()
     try:
-        run_in_process(run_config)
+        with interruptible():  # Ctrl-C, SIGTERM, SIGHUP: one line, how to go on
+            run_in_process(run_config, state=state)
     except RunFailed as err:
         print(f"error: run failed: {err}", file=sys.stderr)
         return FAILED_EXIT
-    return 0
+    except KeyboardInterrupt as err:
+        run_dir = str(state[STATE]["run_dir"]) if STATE in state else None
+        command = ["feddb", "local", *(sys.argv[1:] if argv is None else argv)]
+        return interrupted_exit(err, run_dir, command)
+    note = state[STATE].get("skipped")  # the ServerApp's last line said it too
+    if note:
+        print(f"warning: {note}; exit {SKIPPED_EXIT}", file=sys.stderr)
+    return SKIPPED_EXIT if note else 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feddb.resources import RayHead, free_port, mps, ray_head
+from fssl.config import interrupted_exit
+from fssl.profiling import interruptible, stop, superlink_pids
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -103,25 +104,6 @@ def format_run_config(values: dict) -> str:
         return str(v)
 
     return " ".join(f"{k}={value(v)}" for k, v in values.items())
-
-
-FLOWER_PROCESSES = (b"flower-superlink", b"flower-superexec", b"flwr-simulation")
-
-
-def superlink_pids(port: int) -> list[int]:
-    """Pids of the flower-superlink serving `port`, and of its SuperExec and simulation
-    processes (they name it as their runtime API address), found through /proc."""
-    from fssl.profiling import cmdline, live_processes
-
-    pids = []
-    mine = (str(port).encode(), f":{port}".encode())
-    for pid, _ in live_processes():
-        cmd = cmdline(pid)
-        if any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES) and any(
-            c == mine[0] or c.endswith(mine[1]) for c in cmd
-        ):
-            pids.append(pid)
-    return pids
 
 
 SKIP_DIRS = (".git", ".venv", ".flwr", "__pycache__")  # never in a FAB (Flower's rules)
@@ -224,8 +206,9 @@ def follow_log(run_id: int, env: dict, verbose: bool, procs: list) -> None:
         line = line.rstrip("\n")
         if "[feddb] round" in line:
             STARTED.set()
-        if RUN_FAILED in line:
-            FAILED.append(line[line.find(RUN_FAILED) + len(RUN_FAILED) :].strip())
+        for marker, found in ((RUN_FAILED, FAILED), (RUN_SKIPPED, SKIPPED), (" run_dir=", RUN_DIR)):
+            if marker in line:
+                found.append(line[line.find(marker) + len(marker) :].strip())
         if verbose:
             print(line, flush=True)
             continue
@@ -284,9 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         "instead of a Ray head started at once beside the SuperLink (slower)",
     )
     args = ap.parse_args(argv)
-    # SIGTERM (a sweep or a job system stopping this run) unwinds like Ctrl-C: the SuperLink and
-    # the Ray head started here are stopped on the way out, not left behind
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # SIGINT, SIGTERM (a sweep, a job system), SIGHUP (a closed terminal): the SuperLink and the
+    # Ray head started here are stopped on the way out, then one line says how to go on
+    with interruptible():
+        try:
+            return run_command(args)
+        except KeyboardInterrupt as err:
+            command = ["feddb", "run", *(sys.argv[1:] if argv is None else argv)]
+            return interrupted_exit(err, RUN_DIR[-1] if RUN_DIR else None, command)
+
+
+def run_command(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(PROJECT))
     from fssl.checks import ConfigError
     from fssl.data import DataError
@@ -315,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 STARTED = threading.Event()  # set when the run's first round line arrives (follow_log)
 RUN_FAILED = "[feddb] run failed:"  # the ServerApp's line for a run that failed while training
 FAILED: list[str] = []  # its cause, once follow_log has seen it
+RUN_SKIPPED = "[feddb] rounds skipped:"  # server_app.rounds.RUN_SKIPPED: a run that exits 4
+SKIPPED: list[str] = []  # how many rounds it skipped, once follow_log has seen it
+RUN_DIR: list[str] = []  # the run's directory, from the ServerApp's first line (open_run_dir)
 
 
 @contextlib.contextmanager
@@ -371,8 +365,7 @@ def preflight(text: str) -> tuple[dict, dict]:
     ConfigError, DataError or ValueError with one line for the user; returns the run-config (paths
     absolute) and the configuration."""
     from fssl.checks import ConfigError
-    from fssl.data import load_dataset
-    from fssl.runtime import partition_for
+    from fssl.runtime import check_data, partition_for
     from server_app.config import resolve
 
     run_config = absolute_paths(parse_run_config(text))
@@ -385,7 +378,7 @@ def preflight(text: str) -> tuple[dict, dict]:
                 "device=cuda, and this machine has no CUDA GPU that PyTorch can use: set "
                 "device=auto (the GPU where there is one) or device=cpu"
             )
-    ds = load_dataset(cfg["dataset"])  # read afresh: a resumed run's data are checked below
+    check_data(cfg)  # the data loads, and the model takes its images
     partition_for(cfg)  # a split the data cannot give fails here, not after Flower starts
     if resume_dir is not None:
         from fssl import checkpoint
@@ -395,15 +388,17 @@ def preflight(text: str) -> tuple[dict, dict]:
         file, note = checkpoint.find(resume_dir)  # CheckpointError names the files
         if note:
             print(f"[feddb] {note}", flush=True)
-        check_resume(resume_dir, cfg, ds, file)
+        check_resume(resume_dir, cfg, file)
     return run_config, cfg
 
 
-def check_resume(run_dir: Path, cfg: dict, ds, file: Path) -> None:
-    """The run resumed is the run recorded: its configuration, its data, its checkpoint's run."""
+def check_resume(run_dir: Path, cfg: dict, file: Path) -> None:
+    """The run resumed is the run recorded: its configuration, its data (read afresh, not from
+    this process's cache), its checkpoint's run."""
     from fssl import checkpoint, identity
+    from fssl.data import load_dataset
 
-    identity.check_resume(run_dir, cfg, ds)
+    identity.check_resume(run_dir, cfg, load_dataset(cfg["dataset"]))
     identity.check_checkpoint(run_dir, checkpoint.load(run_dir, file)[1])
 
 
@@ -462,7 +457,7 @@ def flwr_run(
     what broke (e.g. the Ray head this run depends on stopped): then the run is stopped."""
     from fssl.provenance import export_commit
 
-    FAILED.clear()
+    del FAILED[:], SKIPPED[:], RUN_DIR[:]
     export_commit()  # the installed app cannot see the checkout's git
     env = dict(os.environ, **(env_extra or {}))
     http_port, control_port = free_port(), free_port()
@@ -508,16 +503,16 @@ def flwr_run(
         if show:
             follow_log(run_id, env, verbose, followers)
         status = wait_for(run_id, env, follow=not show)
-        if FAILED:
-            from server_app.rounds import FAILED_EXIT
+        from server_app.rounds import FAILED_EXIT, SKIPPED_EXIT
 
+        if FAILED:
             print(f"error: run failed: {FAILED[0]}", file=sys.stderr)
             return FAILED_EXIT
         if not completed(run_id, status):
             return 1
         if show:
-            print(f"run {run_id}: {status['status']}")
-        return 0
+            print(f"run {run_id}: {status['status']}" + "".join(f"; {n}" for n in SKIPPED[:1]))
+        return SKIPPED_EXIT if SKIPPED else 0
     finally:
         done.set()
         stage.cleanup()
@@ -626,40 +621,6 @@ def gpus_per_client(value: str, cfg: dict) -> float:
             "CUDA GPU here), and Ray would wait for a GPU that is not there; drop the option"
         )
     return share
-
-
-def stop(pids: list[int], grace: float = 15.0) -> None:
-    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
-    from fssl.profiling import alive
-
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if alive(p)]
-        time.sleep(0.2)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-TOKEN_VAR = "FEDDB_DEPLOYMENT"
-
-
-def marked(token: str, var: str = TOKEN_VAR) -> list[int]:
-    """Running processes whose environment has `var`=`token`, this one left out."""
-    from fssl.profiling import live_processes
-
-    entry, found = f"{var}={token}".encode(), []
-    for pid, _ in live_processes():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry in environ and pid != os.getpid():
-            found.append(pid)
-    return found
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,8 +31,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from feddb.rows import table
+from fssl.profiling import interruptible, marked, stop
 from fssl.runtime import cores
-from server_app.rounds import FAILURE
+from server_app.rounds import FAILURE, SKIPPED_EXIT
 
 PROJECT = Path(__file__).resolve().parents[1]
 STATUS = "sweep_status.jsonl"
@@ -229,11 +231,15 @@ def run_one(cfg: Any) -> dict[str, Any]:
     with open(log, "a") as f:  # appended: an earlier sweep's log of this run is kept
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} sweep {sweep_id()}: {run_config}\n")
         f.flush()
-        code = subprocess.call(
+        proc = subprocess.Popen(
             cmd, cwd=PROJECT, stdout=f, stderr=subprocess.STDOUT, env=run_env(run_dir)
         )
+        try:
+            code = proc.wait()
+        finally:  # interrupted: SIGTERM, and time for the launcher to stop what it started
+            stop([proc.pid] if proc.poll() is None else [], grace=60.0)
     record.update(seconds=time.perf_counter() - t0, log=str(log), exit=code)
-    ok = code == 0 and complete(run_dir)
+    ok = code in (0, SKIPPED_EXIT) and complete(run_dir)  # skipped rounds: in summary.json
     return {
         **record,
         "status": "done" if ok else "failed",
@@ -535,6 +541,7 @@ def main() -> None:
 
     from feddb.resources import mps
 
+    argv = sys.argv[1:]  # as given: a sweep resumes where it stopped
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(SWEEP_HELP)  # then Hydra's own help (its flags and the sweep's keys)
     use_mps, sys.argv[1:] = split_mps(quote_free_text(sys.argv[1:]))
@@ -545,7 +552,7 @@ def main() -> None:
         print(f"[sweep] {jobs} runs at once, {max(1, cores() // jobs)} CPU thread(s) each")
     sys.path.insert(0, str(PROJECT))
     try:
-        with mps(use_mps) as line:
+        with interruptible(), mps(use_mps) as line:
             if line:
                 print(f"[sweep] {line}")
             hydra.main(
@@ -557,6 +564,10 @@ def main() -> None:
         if not str(err).startswith("--mps"):
             raise
         raise SystemExit(f"feddb sweep: {err}") from None
+    except KeyboardInterrupt as err:  # the runs of --jobs' workers too: they carry the sweep's id
+        stop(marked(os.environ.get("FEDDB_SWEEP_ID", "-"), "FEDDB_SWEEP_ID"), grace=60.0)
+        print(f"interrupted; resume with: {shlex.join(['feddb', 'sweep', *argv])}", file=sys.stderr)
+        raise SystemExit(getattr(err, "code", 130)) from None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,11 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
             f"cannot resume '{resume}': {saved} not found; `resume` takes the run "
             "directory of an earlier run"
         )
+    if not ended_a_round(run_dir):
+        raise ConfigError(
+            f"cannot resume '{resume}': the run ended no round (it failed at start-up); start it "
+            f"again with the command that made it (output-dir='{run_dir}' takes it again)"
+        )
     import yaml
 
     cfg = yaml.safe_load(saved.read_text())
@@ -189,15 +195,23 @@ def resolve(run_config: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
 
 
 def check_output_dir(out: str) -> None:
-    """A new run's directory must not hold another run (nothing of a finished run is ever
-    overwritten) and must be creatable: no regular file on its path, a writable place."""
+    """A new run's directory must not hold another run (nothing of a run that ended a round is
+    ever overwritten) nor anything else (files of the user's own), and must be creatable: no
+    regular file on its path, a writable place. A run that never ended a round (a start-up
+    failure) leaves nothing to keep: the same command may take its directory again."""
     if not out:
         return
     path = Path(out).expanduser().absolute()
-    if (path / "config.yaml").is_file():
+    if (path / "config.yaml").is_file() and ended_a_round(path):
         raise ConfigError(
             f"output-dir '{out}' holds a run ({path / 'config.yaml'}): resume it with "
             f"resume='{path}', or choose another directory"
+        )
+    if path.is_dir() and not (path / "config.yaml").is_file() and any(path.iterdir()):
+        first = sorted(p.name for p in path.iterdir())[0]
+        raise ConfigError(
+            f"output-dir '{out}' holds files that are not a run of this project (e.g. {first}), "
+            "which the run would overwrite: choose a new or empty directory"
         )
     for part in [path, *path.parents]:
         if part.exists() and not part.is_dir():
@@ -208,6 +222,44 @@ def check_output_dir(out: str) -> None:
                     f"output-dir '{out}': cannot write in {part}; choose a directory you can write"
                 )
             return
+
+
+def resume_hint(run_dir: str | None, command: list[str]) -> str:
+    """The one line of a run stopped by a signal: how to go on. `command`: the one that started
+    it (`feddb run ...`), whose --run-config the line replaces with resume=<run_dir>."""
+    if not run_dir:
+        return "interrupted before the run had a directory: nothing to resume"
+    path, kept = Path(run_dir), []
+    for arg in command:
+        if kept and kept[-1] == "--run-config":
+            kept.pop()
+        elif not arg.startswith("--run-config="):
+            kept.append(arg)
+    if any((path / name).is_file() for name in ("checkpoint.pt", "checkpoint.prev.pt")):
+        resume = f"\"resume='{path}'\"" if shlex.quote(str(path)) == str(path) else ""
+        resume = resume or shlex.quote(f"resume={shlex.quote(str(path))}")  # an unusual path
+        return f"interrupted; resume with: {shlex.join(kept)} --run-config {resume}"
+    if not ended_a_round(path):
+        return f"interrupted before its first round: the same command starts it again in {path}"
+    return (
+        f"interrupted before its first checkpoint (checkpoint.every): {path} keeps its rounds; "
+        "start it again with another output-dir"
+    )
+
+
+def interrupted_exit(err: KeyboardInterrupt, run_dir: str | None, command: list[str]) -> int:
+    """A launcher stopped by a signal: its one line (resume_hint) and its exit status, 128 + the
+    signal (fssl.profiling.Interrupted; 130, SIGINT's, for a plain KeyboardInterrupt)."""
+    print(resume_hint(run_dir, command), file=sys.stderr, flush=True)
+    return getattr(err, "code", 130)
+
+
+def ended_a_round(run_dir: Path) -> bool:
+    """A round's record in metrics.jsonl, or a checkpoint: the run is one to keep."""
+    metrics = run_dir / "metrics.jsonl"
+    return (metrics.is_file() and bool(metrics.read_text().strip())) or any(
+        (run_dir / name).is_file() for name in ("checkpoint.pt", "checkpoint.prev.pt")
+    )
 
 
 # Where a `+key=value` override may add a key: the keyword arguments of a strategy and of a Flower
@@ -278,7 +330,7 @@ def refuse_removed(cfg: dict[str, Any]) -> None:
 def validate(cfg: dict[str, Any]) -> None:
     """Check types and ranges of the resolved configuration before anything runs (see above)."""
     refuse_removed(cfg)
-    integer(cfg, "seed")
+    integer(cfg, "seed", low=0, high=2**32 - 1)  # numpy's seeds are 32-bit
     integer(cfg, "num_rounds", low=1)
     boolean(cfg, "dpl", "dma.enabled")  # the method's two switches
     if (

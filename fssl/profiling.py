@@ -1,12 +1,16 @@
 """cProfile of an app's calls when FEDDB_PROFILE names a directory (`feddb overhead --profile`):
-each process adds its calls to `<dir>/<side>-<pid>.prof`; and the start-up timeline of a run."""
+each process adds its calls to `<dir>/<side>-<pid>.prof`; the start-up timeline of a run; and the
+processes of this machine, as /proc lists them (what the launchers stop: `stop`, `marked`)."""
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import functools
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +69,90 @@ def cmdline(pid: int) -> list[bytes]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return []
+
+
+def stop(pids: list[int], grace: float = 15.0) -> None:
+    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if alive(p)]
+        time.sleep(0.2)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+TOKEN_VAR = "FEDDB_DEPLOYMENT"
+
+
+def marked(token: str, var: str = TOKEN_VAR) -> list[int]:
+    """Running processes whose environment has `var`=`token`, this one left out."""
+    entry, found = f"{var}={token}".encode(), []
+    for pid, _ in live_processes():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry in environ and pid != os.getpid():
+            found.append(pid)
+    return found
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, unwound as Ctrl-C is: the `finally` blocks on the way out stop
+    the processes the command started (a terminal's SIGHUP used to end the launcher at once and
+    leave its SuperLink and Ray head running). `code`: the exit status, 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """STOP_SIGNALS raise Interrupted, once: later ones are ignored, so that a second Ctrl-C, or
+    the terminal's SIGHUP after it, cannot cut the clean-up short. The previous handlers come
+    back afterwards (a test calls the launchers in its own process). Main thread only."""
+
+    def handler(signum: int, _frame: object) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
+
+
+FLOWER_PROCESSES = (b"flower-superlink", b"flower-superexec", b"flwr-simulation")
+
+
+def superlink_pids(port: int) -> list[int]:
+    """Pids of the flower-superlink serving `port`, and of its SuperExec and simulation
+    processes (they name it as their runtime API address), found through /proc."""
+    pids = []
+    mine = (str(port).encode(), f":{port}".encode())
+    for pid, _ in live_processes():
+        cmd = cmdline(pid)
+        if any(name in c for c in cmd[:2] for name in FLOWER_PROCESSES) and any(
+            c == mine[0] or c.endswith(mine[1]) for c in cmd
+        ):
+            pids.append(pid)
+    return pids
 
 
 def process_start(pid: int | str = "self") -> float | None:

@@ -12,8 +12,9 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from .data import Dataset, load_dataset, read_client_file
+from .data import DataError, Dataset, load_dataset, read_client_file
 from .methods import make_model
+from .models import build_model
 from .partition import Partition, partition_from_cfg
 from .train import ClientData, client_data, to_nchw
 
@@ -86,6 +87,25 @@ def _dataset(dataset_json: str) -> Dataset:
 
 def dataset_for(cfg: dict) -> Dataset:
     return _dataset(json.dumps(cfg["dataset"], sort_keys=True))
+
+
+def check_data(cfg: dict) -> Dataset:
+    """The dataset, once the configured model has taken one of its images: images too small for
+    it (a 2x2 one through the CNN's two poolings) are refused before anything starts, not met as
+    a traceback in the ServerApp."""
+    ds = dataset_for(cfg)
+    c, h, w = ds.image_shape
+    model = build_model(cfg["model"], ds.num_classes, c, w).eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, c, h, w))
+    except RuntimeError as err:
+        raise DataError(
+            f"dataset '{cfg['dataset']['name']}' has {h}x{w} images, too small for model "
+            f"'{cfg['model']['name']}' ({str(err).splitlines()[0]}): use larger images or "
+            "another model"
+        ) from None
+    return ds
 
 
 @lru_cache(maxsize=2)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fssl import checkpoint, identity
@@ -38,9 +38,10 @@ from strategy.flower import StrategyFailed
 from .config import resolve
 from .nodes import RejoinedNodes, bind_partitions, simulated
 from .recorder import RoundRecorder
-from .rounds import FAILURE, RoundLoop, RunFailed, failed_before
+from .rounds import FAILURE, RUN_SKIPPED, RoundLoop, RunFailed, failed_before, skipped_note
 
 app = ServerApp()
+STATE = "feddb"  # the context's state record with the run directory and the skipped rounds
 
 
 def run_dir_for(cfg: dict[str, Any]) -> Path:
@@ -87,6 +88,7 @@ def main(grid: Grid, context: Context) -> None:
     simulation = simulated(grid)
     scope_defences(cfg, simulation)
     run_dir = open_run_dir(cfg, context, resume_dir)
+    context.state[STATE] = ConfigRecord({"run_dir": str(run_dir)})  # for an in-process caller
     device = resolve_device(cfg["device"])
     threads = set_threads(cfg, grid, device)
     ds, part = load_data(cfg, run_dir, fresh=resume_dir is None)
@@ -117,7 +119,7 @@ def main(grid: Grid, context: Context) -> None:
     torch.save(arrays.to_torch_state_dict(), run_dir / "final_model.pt")
     if loop.failed:
         fail(run_dir, loop, recorder)
-    print_done(recorder.summary(), run_dir)
+    print_done(recorder.summary(), run_dir, context)
 
 
 def open_run_dir(cfg: dict[str, Any], context: Context, resume_dir: Path | None) -> Path:
@@ -245,7 +247,9 @@ def run_rounds(loop, arrays, first_round, recorder, saver, run_dir, resume_dir) 
         recorder.close()
 
 
-def print_done(s: dict[str, Any], run_dir: Path) -> None:
+def print_done(s: dict[str, Any], run_dir: Path, context: Context) -> None:
+    """The run's result, its directory, and last the rounds it skipped (the launchers' exit 4),
+    in its log and for an in-process caller in the context's state."""
     if s["final_test_accuracy"] is not None:
         selected = (
             f", at the best-validation round {s['selected_round']}: "
@@ -264,6 +268,10 @@ def print_done(s: dict[str, Any], run_dir: Path) -> None:
             flush=True,
         )
     print(f"[feddb] run directory: {run_dir}", flush=True)
+    note = skipped_note(s)
+    if note:
+        context.state[STATE]["skipped"] = note
+        print(f"{RUN_SKIPPED} {note}", flush=True)
 
 
 def fail(run_dir: Path, loop: RoundLoop, recorder: RoundRecorder) -> None:

@@ -383,9 +383,16 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     Only the rounds evaluated count (all of them unless eval.every > 1; the last always is)."""
     rounds = len(history)
     acted = defence_rounds(history)
+    # rounds that kept the global model (too few valid replies): the launchers' exit 4
+    skipped = [r["round"] for r in history if r.get("skipped")]
     history = [r for r in history if r.get("test_accuracy") is not None]
     if not history:
-        return {"final_test_accuracy": None, "rounds": rounds, "defence_rounds": acted}
+        return {
+            "final_test_accuracy": None,
+            "rounds": rounds,
+            "defence_rounds": acted,
+            "skipped_rounds": skipped,
+        }
     accs = [r["test_accuracy"] for r in history]
     best = int(np.argmax(accs))
     vals = [r.get("val_accuracy") for r in history]
@@ -414,6 +421,7 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         else None,
         "defence_rounds": acted,
         "rounds": rounds,
+        "skipped_rounds": skipped,
         "evaluated_rounds": len(accs),
     }
 

@@ -12,8 +12,10 @@ in-process grid that answers at once (`synchronous`) has nothing to overlap.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -26,10 +28,34 @@ from strategy.contract import arrays_to_numpy
 EvaluateFn = Callable[[int, ArrayRecord, RoundRecord | None], Any]
 FAILED_EXIT = 3  # a run that failed while training: a round trained no client (docs/running.md)
 FAILURE = "failure.json"  # in the run directory of such a run: the cause, round by round
+# a run that completed with rounds skipped (fewer valid replies than fl.min_train_clients, the
+# global model kept): not the run its configuration asked for, so not exit 0 (docs/running.md)
+SKIPPED_EXIT = 4
+RUN_SKIPPED = "[feddb] rounds skipped:"  # the ServerApp's line for it, which launchers look for
+
+
+def skipped_note(summary: dict[str, Any]) -> str:
+    """How many rounds a finished run skipped, and which ('' for none), from its summary."""
+    skipped = summary.get("skipped_rounds") or []
+    if not skipped:
+        return ""
+    listed = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
+    return (
+        f"{len(skipped)} of {summary['rounds']} rounds skipped (round {listed}: fewer valid "
+        "replies than fl.min_train_clients, the global model kept)"
+    )
 
 
 class RunFailed(RuntimeError):
     """A run in which a round trained no client: its one line names the first cause."""
+
+
+def skipped_in(run_dir: str | None) -> str:
+    """skipped_note of the run in `run_dir` ('' without a directory or its summary.json)."""
+    summary = Path(run_dir) / "summary.json" if run_dir else None
+    if summary is None or not summary.is_file():
+        return ""
+    return skipped_note(json.loads(summary.read_text()))
 
 
 def failed_before(history: list[dict[str, Any]]) -> list[str]:

@@ -88,6 +88,88 @@ def run_with(tmp: Path, name: str, steps: int = 0) -> Path:
     return run
 
 
+def foreign_dir(tmp: Path) -> Path:
+    """A directory of the user's own files, no run in it (metrics.jsonl among them)."""
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("my notes\n")
+    (tmp / "mine" / "metrics.jsonl").write_text('{"mine": 1}\n')
+    return tmp / "mine"
+
+
+def never_started(tmp: Path) -> Path:
+    """What a run that failed at start-up leaves: its configuration, no round."""
+    run = run_with(tmp, "startup")
+    (run / "metrics.jsonl").write_text("")
+    return run
+
+
+def identified(tmp: Path, name: str, data: str | None = None, writer: str = "mine") -> Path:
+    """A run with its identity and a checkpoint that `writer` wrote; `data`: the data's
+    fingerprint it records (default: the data's own)."""
+    import json
+
+    import yaml
+
+    from fssl import checkpoint, identity
+    from fssl.data import load_dataset
+
+    run = run_with(tmp, name)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    ident = {
+        "row": "feddb",
+        "config": identity.config_fingerprint(cfg),
+        "data": data or identity.data_fingerprint(load_dataset(cfg["dataset"])),
+        "run": "mine",
+    }
+    (run / identity.FILE).write_text(json.dumps(ident))
+    checkpoint.save(run, {"global": {"w": np.ones(2)}}, {"round": 1, "run": writer})
+    return run
+
+
+def finished(tmp: Path, name: str, seed: int, *overrides: str) -> Path:
+    """A finished one-round run of FixMatch (a table's input)."""
+    import yaml
+
+    from server_app.config import compose
+
+    run = tmp / name
+    run.mkdir(parents=True)
+    cfg = compose(["method=fixmatch", "num_rounds=1", f"seed={seed}", *overrides])
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    record = '{"round": 1, "test_accuracy": 0.5, "class_accuracy": [0.5, 0.5]}\n'
+    (run / "metrics.jsonl").write_text(record)
+    return run
+
+
+def two_settings(tmp: Path) -> Path:
+    finished(tmp, "runs/a", 0)
+    finished(tmp, "runs/b", 1, "train.tau=0.5")
+    return tmp / "runs"
+
+
+def a_seed_twice(tmp: Path) -> Path:
+    finished(tmp, "runs/a", 0)
+    finished(tmp, "runs/b", 0)
+    return tmp / "runs"
+
+
+HELD: list = []  # lock files held for the rest of the session (a sweep still running)
+
+
+def held_out(tmp: Path) -> Path:
+    """A sweep's out that another sweep is writing into (its lock held here)."""
+    from feddb.sweep import lock_out
+
+    assert lock_out(tmp / "busy") is None
+    from feddb import sweep
+
+    HELD.append(sweep.HELD.pop())  # not this test's sweep's own: it must find it taken
+    HELD[-1].truncate(0)
+    HELD[-1].write("pid 4242")  # the other sweep's pid, as the table shows it
+    HELD[-1].flush()
+    return tmp / "busy"
+
+
 def a_file(tmp: Path, name: str = "afile", text: str = "not a directory\n") -> Path:
     (tmp / name).write_text(text)
     return tmp / name
@@ -114,6 +196,12 @@ def runs_table(tmp: Path) -> Path:
     return a_file(tmp, "runs.csv", "\n".join(lines) + "\n")
 
 
+def exiting_method(tmp: Path) -> Path:
+    """A user's method file that calls sys.exit(0) at import (without the check, exit 0, no run)."""
+    (tmp / "exiting_method.py").write_text("import sys\n\nsys.exit(0)\n")
+    return tmp / "exiting_method.py"
+
+
 def plain_class(tmp: Path) -> Path:
     """A user's file whose class is not a method (no hooks)."""
     (tmp / "plain_method.py").write_text("class Plain:\n    pass\n")
@@ -137,6 +225,7 @@ CASES = [
     ("run-config", "an unknown scenario", "scenario='labels_nowhere'", "scenario"),
     ("run-config", "an unknown strategy", "strategy='fedbogus'", "strategy"),
     ("run-config", "a seed that is a string", "seed='one'", "seed"),
+    ("run-config", "a seed numpy cannot take (2**32)", "seed=4294967296", "seed"),
     ("overrides", "a key that does not exist", "overrides='train.lrr=0.1'", "train.lrr"),
     ("overrides", "a key added with +", "overrides='+train.lrr=0.1'", "train.lrr"),
     ("overrides", "a key added with ++", "overrides='++dma.stepz=5'", "dma.stepz"),
@@ -171,6 +260,12 @@ CASES = [
         "a user class without the method hooks",
         lambda t: f"method='{plain_class(t)}:Plain'",
         "Plain lacks",
+    ),
+    (
+        "methods",
+        "a user method file that exits at import",
+        lambda t: f"method='{exiting_method(t)}:Mine'",
+        "exits at import",
     ),
     (
         "methods",
@@ -247,11 +342,38 @@ CASES = [
     ),
     (
         "data files",
+        "images too small for the model (2x2)",
+        lambda t: (
+            f"dataset='npz' data-path='"
+            f"{digits(t, 'tiny.npz', x_train=np.zeros((1000, 2, 2), np.uint8), x_test=np.zeros((200, 2, 2), np.uint8))}'"
+        ),
+        "2x2 images",
+    ),
+    (
+        "data files",
         "a directory for an image folder that is not there",
         lambda t: f"dataset='imagefolder' data-path='{t}/photos'",
         "photos",
     ),
     ("resume", "a directory that is not a run", lambda t: f"resume='{t}/nothing'", "nothing"),
+    (
+        "resume",
+        "a run that failed at start-up",
+        lambda t: f"resume='{never_started(t)}'",
+        "ended no round",
+    ),
+    (
+        "resume",
+        "a run whose data changed since it started",
+        lambda t: f"resume='{identified(t, 'moved', data='0123456789abcdef')}'",
+        "differ from those the run started with",
+    ),
+    (
+        "resume",
+        "another run's checkpoint copied in",
+        lambda t: f"resume='{identified(t, 'foreign', writer='theirs')}'",
+        "written by another run",
+    ),
     ("resume", "a run without a checkpoint", lambda t: f"resume='{run_with(t, 'young')}'", "young"),
     (
         "resume",
@@ -278,6 +400,12 @@ CASES = [
         "afile is a file",
     ),
     ("output", "an output-dir that is a file", lambda t: f"output-dir='{a_file(t)}'", "afile"),
+    (
+        "output",
+        "an output-dir holding the user's own files",
+        lambda t: f"output-dir='{foreign_dir(t)}'",
+        "not a run of this project",
+    ),
     ("output", "an output-dir in /proc", "output-dir='/proc/feddb-run'", "/proc"),
     (
         "overrides",
@@ -354,7 +482,19 @@ ARGV_CASES = [
         "--cpus-per-client",
     ),
     ("report", "a directory that is not there", lambda t: ["report", f"{t}/none"], "none"),
-    ("report", "a directory without runs", lambda t: ["report", str(t)], "no run directories"),
+    ("report", "a directory without runs", lambda t: ["report", str(t)], "no finished run"),
+    (
+        "report",
+        "runs of one row with other settings",
+        lambda t: ["report", str(two_settings(t)), "--out", f"{t}/rep"],
+        "differ in train.tau",
+    ),
+    (
+        "report",
+        "a seed twice under one row",
+        lambda t: ["report", str(a_seed_twice(t)), "--out", f"{t}/rep"],
+        "seed 0 twice",
+    ),
     (
         "report",
         "--out an existing file",
@@ -390,6 +530,12 @@ ARGV_CASES = [
     ),
     ("sweep", "an unknown row", lambda t: ["sweep", "-m", "row=bogus", f"out={t}/s"], "bogus"),
     ("sweep", "no jobs", lambda t: ["sweep", "--jobs", "0", "-m", "row=fedavg"], "--jobs"),
+    (
+        "sweep",
+        "a second sweep into one out",
+        lambda t: ["sweep", "-m", "row=fedavg", f"out={held_out(t)}"],
+        "another sweep",
+    ),
     (
         "ladder",
         "an unknown rung",

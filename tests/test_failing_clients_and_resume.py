@@ -307,6 +307,64 @@ def test_too_few_valid_replies_skip_the_round_and_keep_the_model(small_npz, tmp_
     assert not recs[2]["skipped"]
 
 
+def test_a_run_with_skipped_rounds_says_how_many_and_exits_4(
+    baseline, small_npz, tmp_path, monkeypatch, capsys
+):
+    """`feddb local`, two of whose rounds get one valid reply (fl.min_train_clients=2): the run
+    completes, but not as configured: summary.json lists the skipped rounds, the last line says
+    how many, the exit is 4 (0 only when every round trained; a round with no client is exit 3)."""
+    import functools
+
+    from feddb import inprocess
+
+    kept: dict[int, int] = {}
+
+    def one_reply_in_rounds_2_and_3(ins, ctx, reply):
+        if round_of(ins) not in (2, 3) or "arrays" not in reply.content:
+            return reply
+        kept[round_of(ins)] = kept.get(round_of(ins), 0) + 1
+        return reply if kept[round_of(ins)] == 1 else None
+
+    run = functools.partial(inprocess.run_in_process, num_nodes=6, hook=one_reply_in_rounds_2_and_3)
+    monkeypatch.setattr(inprocess, "run_in_process", run)
+    run_dir = tmp_path / "run"
+    rc = (
+        f"dataset='npz' data-path='{small_npz}' num-server-rounds={ROUNDS} seed=4 "
+        f"output-dir='{run_dir}' overrides='{OVERRIDES}'"
+    )
+    assert inprocess.main(["--run-config", rc]) == 4
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == (
+        "warning: 2 of 4 rounds skipped (round 2, 3: fewer valid replies than "
+        "fl.min_train_clients, the global model kept); exit 4"
+    )
+    assert out.strip().splitlines()[-1].startswith("[feddb] rounds skipped: 2 of 4 rounds")
+    assert json.loads((run_dir / "summary.json").read_text())["skipped_rounds"] == [2, 3]
+    assert [r["skipped"] for r in records(run_dir)] == [False, True, True, False]
+    assert json.loads((baseline / "summary.json").read_text())["skipped_rounds"] == []
+
+
+def test_a_run_that_failed_at_start_up_leaves_nothing_that_blocks_its_command(
+    small_npz, tmp_path, monkeypatch
+):
+    """A start-up crash after the run directory is written (here: binding the nodes) ended no
+    round: the same command takes the directory again and completes, while a run that ended a
+    round is still refused."""
+    import server_app.app
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("start-up crash")
+
+    with monkeypatch.context() as mp, pytest.raises(RuntimeError, match="start-up crash"):
+        mp.setattr(server_app.app, "bind_partitions", crash)
+        run_server(tmp_path / "run", small_npz)
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    run_server(tmp_path / "run", small_npz)
+    assert [r["round"] for r in records(tmp_path / "run")] == list(range(1, ROUNDS + 1))
+    with pytest.raises(ConfigError, match="holds a run"):
+        run_server(tmp_path / "run", small_npz)
+
+
 def test_checkpoint_roundtrip_is_atomic_and_refuses_pickled_objects(tmp_path):
     arrays = {
         "global": {"w": np.arange(3, dtype=np.float32), "n": np.array(4)},

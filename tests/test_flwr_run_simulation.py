@@ -212,42 +212,92 @@ def _ray_head_of(launcher_pid: int) -> int | None:
     return None
 
 
+PARTITION_0_FAILS = """
+from fssl.methods.fixmatch import FixMatch
+
+FAIL = {fail}  # partition 0's client seeds (fssl.train.client_seed), round by round
+
+
+class PartitionZeroFails(FixMatch):
+    def fit(self, model, data, lr, seed, *args, **kwargs):
+        if seed in FAIL:
+            raise RuntimeError("partition 0 fails")
+        return super().fit(model, data, lr, seed, *args, **kwargs)
+"""
+
+
 @pytest.mark.slow
-def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
-    """SIGTERM (a sweep or a job system stopping a run) unwinds the launcher: what it started goes."""
+def test_a_run_with_skipped_rounds_exits_4_and_says_how_many_last(tmp_path):
+    """Through Flower: partition 0 of 3 fails every round and fl.min_train_clients=3, so each
+    round keeps the global model; Flower ends the run `finished:completed`, and the launcher
+    (which reads the ServerApp's line in the log) names the skipped rounds last and exits 4."""
+    from fssl.train import client_seed
+
+    method = tmp_path / "zero_fails.py"
+    method.write_text(PARTITION_0_FAILS.format(fail={client_seed(5, r, 0) for r in (1, 2)}))
+    out = tmp_path / "run"
+    overrides = (
+        "fl.num_clients=3 fl.fraction_train=1.0 fl.min_train_clients=3 dataset.num_labeled=150 "
+        "train.local_epochs=1 fl.node_wait=120 train.warmup_rounds=0 model.width=8"
+    )
+    res = launch(
+        tmp_path,
+        f"method='{method}:PartitionZeroFails' num-server-rounds=2 seed=5 output-dir='{out}' "
+        f"overrides='{overrides}'",
+    )
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (
+        res.stdout.strip()
+        .splitlines()[-1]
+        .endswith(
+            "finished:completed; 2 of 2 rounds skipped (round 1, 2: fewer valid replies than "
+            "fl.min_train_clients, the global model kept)"
+        )
+    )
+    assert json.loads((out / "summary.json").read_text())["skipped_rounds"] == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path, signum):
+    """SIGTERM (a sweep or a job system stopping a run), SIGHUP (a closed terminal: it used to
+    leave the Ray head, its raylet and GCS, the SuperLink and the SuperExec running) and SIGINT
+    (Ctrl-C) unwind the launcher: what it started goes, and its last line, no traceback, says
+    how to resume; the exit status is 128 + the signal."""
     import signal
     import time
 
     from feddb.resources import group_alive
 
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
+    run = tmp_path / "run"
+    rc = f"num-server-rounds=50 output-dir='{run}' overrides='{TINY} checkpoint.every=1'"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "feddb.launch",
-            "--run-config",
-            on_small_data(
-                f"num-server-rounds=50 output-dir='{tmp_path / 'run'}' overrides='{TINY}'"
-            ),
-        ],
+        [sys.executable, "-m", "feddb.launch", "--run-config", on_small_data(rc)],
         cwd=PROJECT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     head = None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (
-        head and flower_pids(tmp_path / "flwr-home") and (tmp_path / "run" / "config.yaml").exists()
+        head and flower_pids(tmp_path / "flwr-home") and (run / "checkpoint.pt").exists()
     ):
         head = head or _ray_head_of(proc.pid)
         time.sleep(0.2)
     assert head and flower_pids(tmp_path / "flwr-home"), "the run did not start"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    sig = getattr(signal, signum)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + sig, err[-3000:]
     assert not flower_pids(tmp_path / "flwr-home")
     assert not group_alive(head)
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted; resume with: feddb run --run-config \"resume='{run}'\""
+    )
 
 
 @pytest.mark.parametrize(
@@ -277,7 +327,7 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message, m
 
     from feddb.launch import main
 
-    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the launcher's SIGTERM handler
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the launcher's signal handlers
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
     monkeypatch.setenv("FEDDB_LAUNCH_TIME", "0")  # main sets it: restored afterwards
     assert main(["--run-config", on_small_data(run_config)]) == 2

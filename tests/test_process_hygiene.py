@@ -151,3 +151,32 @@ def test_a_terminated_deployment_with_churn_running_stops_everything_it_started(
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert not flower_pids(workdir)
+
+
+def test_feddb_local_sent_sighup_says_how_to_resume_and_exits_129(tmp_path, small_npz):
+    """`feddb local` stopped by a closed terminal's SIGHUP once it has a checkpoint: no
+    traceback, one line with the command that resumes it, exit 128 + SIGHUP."""
+    run = tmp_path / "run"
+    rc = (
+        f"dataset='npz' data-path='{small_npz}' num-server-rounds=50 output-dir='{run}' "
+        "overrides='fl.num_clients=3 fl.fraction_train=1.0 dataset.num_labeled=100 "
+        "model.width=8 checkpoint.every=1'"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "feddb.inprocess", "--run-config", rc],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run / "checkpoint.pt").exists():
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted; resume with: feddb local --run-config \"resume='{run}'\""
+    )

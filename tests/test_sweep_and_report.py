@@ -430,6 +430,8 @@ def identify(run_dir, row, config=None):
                 "selection": None,
                 "regime": "quick",
                 "config": config or identity.config_fingerprint(cfg),
+                "dataset": "mnist10k",
+                "partition": "dir0.3",
             }
         )
     )
@@ -745,3 +747,49 @@ def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
         for row in ("fixmatch", "fixmatch-gn", "feddb", "feddb-literal-dma")
         for seed in ("0", "1")
     )
+
+
+HANGING_STUB = '''"""Stands in for a launcher that started a process of its own in a session of its own (as
+`flwr run` does its SuperLink) and then waits: writes that process's pid and its own."""
+import pathlib, subprocess, sys, time
+out = pathlib.Path(sys.argv[sys.argv.index("--run-config") + 1].split("output-dir='")[1].split("'")[0])
+out.mkdir(parents=True, exist_ok=True)
+child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+(out.parent / "pids").write_text(f"{child.pid} {__import__('os').getpid()}")
+time.sleep(300)
+'''
+
+
+@pytest.mark.parametrize("signum", ["SIGHUP", "SIGINT"])
+def test_a_stopped_sweep_stops_its_runs_and_what_they_started(tmp_path, signum):
+    """`feddb sweep` sent SIGHUP (a closed terminal) or SIGINT (Ctrl-C) while a run goes: the
+    launcher and the process it started in a session of its own (the sweep's id in their
+    environment) end, and one line, no traceback, says how to go on; exit 128 + the signal."""
+    import os
+    import signal
+    import time
+
+    from fssl.profiling import alive
+
+    stub = tmp_path / "stub.py"
+    stub.write_text(HANGING_STUB)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "feddb.sweep", "-m", "row=fedavg", "seed=0"]
+        + [f"out={tmp_path / 'out'}", f"launcher=[python,{stub}]"],
+        cwd=PROJECT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = tmp_path / "out" / "mnist10k_dir0.3" / "fedavg" / "pids"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pids.is_file() and pids.read_text()):
+        time.sleep(0.1)
+    child, launcher = map(int, pids.read_text().split())
+    sig = getattr(signal, signum)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert not alive(child) and not alive(launcher)
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted; resume with: feddb sweep -m row")

@@ -73,6 +73,40 @@ def is_path(spec: str) -> bool:
     return ":" in spec
 
 
+def _import_user(spec: str, where: str) -> Any:
+    """The user's module, by file or by name; whatever stops its import (an error, or a
+    sys.exit() that would end the run as a success with no run) is a ConfigError naming it."""
+    name = where
+    try:
+        if not where.endswith(".py"):
+            return importlib.import_module(where)
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"method '{spec}': file {path} not found")
+        name = f"feddb_user_method_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return module
+    except (ConfigError, KeyboardInterrupt):
+        raise
+    except SystemExit as err:
+        sys.modules.pop(name, None)  # half-imported: a later load tries again
+        raise ConfigError(
+            f"method '{spec}': {where} exits at import (SystemExit({err.code!r})); a method "
+            "module only defines its class: put the sys.exit() under "
+            "`if __name__ == '__main__':`"
+        ) from None
+    except BaseException as err:  # the user's module: any failure to import is theirs to fix
+        sys.modules.pop(name, None)
+        raise ConfigError(
+            f"method '{spec}': cannot import {where} ({type(err).__name__}: {err}); "
+            "is it on PYTHONPATH (or give its file path)?"
+        ) from None
+
+
 def _load_user(spec: str) -> type:
     if spec in _USER:
         return _USER[spec]
@@ -82,26 +116,7 @@ def _load_user(spec: str) -> type:
             f"method '{spec}': write a user method as 'package.module:Class' or "
             "'/path/to/file.py:Class'"
         )
-    try:
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"method '{spec}': file {path} not found")
-            name = f"feddb_user_method_{abs(hash(str(path.resolve())))}"
-            module_spec = importlib.util.spec_from_file_location(name, path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-    except ConfigError:
-        raise
-    except Exception as err:  # the user's module: any failure to import is theirs to fix
-        raise ConfigError(
-            f"method '{spec}': cannot import {where} ({type(err).__name__}: {err}); "
-            "is it on PYTHONPATH (or give its file path)?"
-        ) from None
+    module = _import_user(spec, where)
     cls = getattr(module, cls_name, None)
     if not isinstance(cls, type):
         raise ConfigError(f"method '{spec}': {where} has no class {cls_name}")
