@@ -13,6 +13,13 @@ machine, then beside one process that keeps a core busy (what a second run or a 
 plain `flwr run .` of the default (Flower's own simulation settings: one client at a time with
 the cores Ray reserves for it) beside `feddb run`, to compare their rounds. Seconds per round: the
 mean of rounds 2 onwards of each run's metrics.jsonl.
+
+    .venv/bin/feddb threads --step          # about 2 min: the cost of thread-invariant kernels
+
+--step times one training step (forward, backward, SGD) of the CNN and of WRN-28-2 on one
+thread and on every core, with the project's kernels, which give the same bits on any thread
+count (fssl.models.Conv2d, MKL's strict mode), and with torch's own: the median of --repeats
+steps, each setting in a process of its own (MKL fixes its mode at its first call).
 """
 
 from __future__ import annotations
@@ -101,6 +108,69 @@ def busy_core(on: bool) -> Iterator[None]:
         proc.wait()
 
 
+STEP_MODELS = {  # name -> (model config, batch shape): the default CNN, WRN-28-2 on CIFAR-10
+    "cnn": ({"name": "cnn", "norm": "batchstat", "hidden": 128}, (512, 1, 28, 28)),
+    "wrn28_2": ({"name": "wrn28_2", "norm": "batchstat"}, (64, 3, 32, 32)),
+}
+
+
+def step_seconds(model_name: str, threads: int, invariant: bool, repeats: int) -> float:
+    """Median seconds of one training step, in this process (called in a fresh one)."""
+    if not invariant:
+        os.environ["MKL_CBWR"] = "AUTO"  # before fssl's import sets the strict mode
+    import time
+
+    import torch
+
+    from fssl.models import Conv2d, build_model
+    from fssl.sgd import SGD
+
+    torch.set_num_threads(threads)
+    mcfg, shape = STEP_MODELS[model_name]
+    model = build_model(mcfg, 10, shape[1], shape[-1])
+    if not invariant:  # torch's own convolution backward
+        for m in model.modules():
+            if isinstance(m, Conv2d):
+                m.__class__ = torch.nn.Conv2d
+    opt = SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    x, y = torch.randn(shape), torch.randint(0, 10, (shape[0],))
+    seconds = []
+    for _ in range(repeats + 1):  # the first builds oneDNN's kernels
+        start = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds[1:]))
+
+
+def step_table(repeats: int) -> None:
+    """The --step table: each model, thread count and kernel choice in a process of its own."""
+    print(
+        "| model | threads | torch's own, ms | thread-invariant, ms | cost |\n|---|---|---|---|---|"
+    )
+    for model_name in STEP_MODELS:
+        for threads in sorted({1, CORES}):
+            ms = []
+            for invariant in (False, True):
+                code = (
+                    "from benchmarks.threads import step_seconds; "
+                    f"print(step_seconds({model_name!r}, {threads}, {invariant}, {repeats}))"
+                )
+                env = env_for(None, Path(tempfile.gettempdir()))
+                out = subprocess.run(
+                    [sys.executable, "-c", code],
+                    cwd=PROJECT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                ms.append(1000 * float(out.split()[-1]))
+            cost = f"{100 * (ms[1] / ms[0] - 1):+.0f} %"
+            print(f"| {model_name} | {threads} | {ms[0]:.1f} | {ms[1]:.1f} | {cost} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="rounds of each run (>= 2)")
@@ -110,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: local (feddb local), run (feddb run)",
     )
     ap.add_argument("--no-flwr", action="store_true", help="leave out plain `flwr run .`")
+    ap.add_argument("--step", action="store_true", help="time one training step instead")
+    ap.add_argument("--repeats", type=int, default=9, help="--step: steps timed per setting")
     args = ap.parse_args(argv)
+    if args.step:
+        step_table(args.repeats)
+        return 0
     engines = [e for e in args.engines.split(",") if e]
     if args.rounds < 2 or not set(engines) <= {"local", "run"}:
         print("error: --rounds must be >= 2 and --engines local and/or run", file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 def norm_layer(kind: str, channels: int, gn_groups: int = 8, bn_momentum: float = 0.1) -> nn.Module:
@@ -22,17 +23,72 @@ def norm_layer(kind: str, channels: int, gn_groups: int = 8, bn_momentum: float 
     raise ValueError(f"unknown model.norm '{kind}': choose batchstat, bn, gn")
 
 
+class _OneThreadWeightGrad(torch.autograd.Function):
+    """conv2d whose weight and bias gradients are computed on one CPU thread. oneDNN's
+    weight gradient splits its sum over the batch among the threads, so its rounding followed
+    the thread count: on 2 threads a CNN step's weights differed from one thread's by 1e-7
+    (a deployed SuperNode, which has every core, disagreed with the simulated client, which has
+    one). The input gradient and the forward pass do not depend on it and keep every thread."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+        ctx.save_for_backward(x, weight)
+        ctx.conf = (stride, padding, dilation, groups, None if bias is None else bias.shape)
+        return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        stride, padding, dilation, groups, bias_shape = ctx.conf
+        want_x, want_w, want_b = ctx.needs_input_grad[:3]
+
+        def conv_backward(mask: list[bool]):
+            return torch.ops.aten.convolution_backward(
+                grad, x, weight, bias_shape, stride, padding, dilation, False, [0, 0], groups, mask
+            )
+
+        gx = conv_backward([True, False, False])[0] if want_x else None
+        gw = gb = None
+        if want_w or want_b:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                _, gw, gb = conv_backward([False, want_w, want_b])
+            finally:
+                torch.set_num_threads(threads)
+        return gx, gw, gb, None, None, None, None
+
+
+class Conv2d(nn.Conv2d):
+    """nn.Conv2d (the same parameters and state dict) whose training step on the CPU gives the
+    same numbers on any number of threads (_OneThreadWeightGrad); on an accelerator, without
+    autograd, or under torch.compile (its own kernels) it is nn.Conv2d's."""
+
+    def _conv_forward(self, x, weight, bias):
+        if (
+            x.device.type != "cpu"
+            or not torch.is_grad_enabled()
+            or self.padding_mode != "zeros"
+            or torch.compiler.is_compiling()
+        ):
+            return super()._conv_forward(x, weight, bias)
+        return _OneThreadWeightGrad.apply(
+            x, weight, bias, self.stride, self.padding, self.dilation, self.groups
+        )
+
+
 class BasicBlock(nn.Module):
     """Pre-activation residual block (norm -> ReLU -> conv), 1x1 shortcut when the shape changes."""
 
     def __init__(self, cin: int, cout: int, stride: int, norm: Any) -> None:
         super().__init__()
-        self.n1, self.c1 = norm(cin), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.n2, self.c2 = norm(cout), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.n1, self.c1 = norm(cin), Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n2, self.c2 = norm(cout), Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.relu = nn.ReLU()
         self.shortcut = None
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Conv2d(cin, cout, 1, stride, 0, bias=False)
+            self.shortcut = Conv2d(cin, cout, 1, stride, 0, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         o = self.relu(self.n1(x))
@@ -56,7 +112,7 @@ class WideResNet(nn.Module):
         n = (depth - 4) // 6
         ch = [16, 16 * widen, 32 * widen, 64 * widen]
         make_norm = lambda c: norm_layer(norm, c, gn_groups, bn_momentum)  # noqa: E731
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, ch[0], 3, 1, 1, bias=False)]
+        layers: list[nn.Module] = [Conv2d(in_channels, ch[0], 3, 1, 1, bias=False)]
         for stage, stride in zip(range(3), (1, 2, 2)):
             for i in range(n):
                 cin = ch[stage] if i == 0 else ch[stage + 1]
@@ -116,7 +172,7 @@ class SmallCNN(nn.Module):
         cin = in_channels
         for i, cout in enumerate(w):
             layers += [
-                nn.Conv2d(cin, cout, 3, 1, 1, bias=False),
+                Conv2d(cin, cout, 3, 1, 1, bias=False),
                 norm_layer(norm, cout, gn_groups, bn_momentum),
                 nn.ReLU(),
             ]

@@ -73,3 +73,39 @@ def test_cpu_evaluation_in_small_batches_gives_the_same_predictions():
         conf = evaluate(model, x, y, (0.1,), (0.3,), CPU_EVAL_BATCH)[3]
         one_conf = logits.softmax(1).max(1).values.double().numpy()
         assert (abs(conf - one_conf).max() < 1e-5) == (norm == "gn")
+
+
+def _step_on(threads: int, mcfg: dict, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """One SGD step of a fresh model on `threads` CPU threads: its gradients and new weights."""
+    from fssl.sgd import SGD
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        model = build_model(mcfg, 10, x.shape[1], x.shape[-1])
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        params = list(model.parameters())
+        return [p.grad for p in params] + [p.detach() for p in params]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "mcfg,shape",
+    [
+        ({"name": "cnn", "norm": "batchstat", "hidden": 128}, (128, 1, 28, 28)),
+        ({"name": "cnn", "norm": "gn", "hidden": 0}, (128, 1, 28, 28)),
+        ({"name": "wrn28_2", "norm": "bn"}, (8, 3, 32, 32)),
+    ],
+)
+def test_a_training_step_gives_the_same_numbers_on_one_thread_and_on_two(mcfg, shape):
+    """A simulated client trains on one thread, a deployed SuperNode on every core: the same
+    bits either way. Before, oneDNN's convolution weight gradient and MKL's matrix products
+    summed in an order set by the thread count (1e-7 apart after one step)."""
+    torch.manual_seed(1)
+    x, y = torch.randn(shape), torch.randint(0, 10, (shape[0],))
+    one, two = _step_on(1, mcfg, x, y), _step_on(2, mcfg, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
