@@ -196,10 +196,12 @@ def test_the_attack_code_stays_off_a_normal_clients_path():
     assert out.strip() == "False"
 
 
-def test_the_users_tools_stay_within_4000_lines():
-    """feddb/ holds what a user runs; the instruments live in benchmarks/ and studies/."""
+def test_the_users_tools_stay_within_4250_lines():
+    """feddb/ holds what a user runs; the instruments live in benchmarks/ and studies/. (4,000
+    until runs had identities: the checks sweeps and reports make of them took 230 more; what a
+    run is lives in fssl/identity.py.)"""
     lines = sum(len(p.read_text().splitlines()) for p in (PROJECT / "feddb").glob("*.py"))
-    assert lines <= 4000, lines
+    assert lines <= 4250, lines
 
 
 def test_the_server_app_does_not_load_the_superlinks_state():
