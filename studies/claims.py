@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from feddb.report import colours, curve_figure, embed, load_runs, out_problem
+from feddb.report import (
+    check_groups,
+    colours,
+    curve_figure,
+    embed,
+    left_out_section,
+    load_runs,
+    out_problem,
+)
 from feddb.rows import Row, method_yaml, table
 from feddb.runlist import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
@@ -169,11 +177,12 @@ def measures(run: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def load(root: Path) -> list[dict[str, Any]]:
-    """Finished runs below root/<regime>/, each with its regime, setting, label and measures."""
+def load(root: Path, left_out: list[str] | None = None) -> list[dict[str, Any]]:
+    """Finished runs below root/<regime>/, each with its regime, setting, label and measures;
+    the others listed in `left_out` (feddb.report.load_runs)."""
     out = []
     for regime_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for run in load_runs([regime_dir]):
+        for run in load_runs([regime_dir], left_out):
             summary = run_summary(run["rounds"])
             prov = run["dir"] / "provenance.json"
             run.update(
@@ -732,7 +741,10 @@ def main(argv: list[str] | None = None) -> int:
     if out_problem(Path(args.out)):
         print(f"error: {out_problem(Path(args.out))}", file=sys.stderr)
         return 2
-    everything = load(root)
+    left_out: list[str] = []
+    everything = load(root, left_out)
+    for line in left_out:
+        print(f"[claims] left out {line}", file=sys.stderr)
     selections = [r for r in everything if factors.tuned(r)]
     cause = [r for r in everything if r["regime"] == factors.CAUSE and not factors.tuned(r)]
     runs = [r for r in everything if r["regime"] != factors.CAUSE and not factors.tuned(r)]
@@ -743,6 +755,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for regime in sorted({r["regime"] for r in runs}):  # a cell: one run a seed, one setting
+        problem = check_groups([r for r in runs if r["regime"] == regime], False)
+        if problem:
+            print(f"error: {regime}: {problem}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = comparisons(runs)
@@ -756,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in selections if r["regime"] == regime]
         table = factors.selection_markdown(mine, regime)
         text += "\n\n" + "\n".join(table[:2] + [provenance_line(mine), ""] + table[2:])
+    text += left_out_section(left_out)
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")
     write_runs(everything, out / "runs.csv")

@@ -96,6 +96,7 @@ def fake_run(
             }
         )
     (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d
 
 
 def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
@@ -661,3 +662,18 @@ def test_a_method_parameter_is_selected_like_the_lr(tmp_path):
     md = (out / "claims.md").read_text()
     assert "## The debias chosen on the validation split (debias_test)" in md
     assert "| δ=0.1 | debiaspl | 80.00 | 80.50 | 70.00 | 0.4 |" in md  # 0.5 within a standard error
+
+
+def test_claims_refuse_a_seed_twice_in_a_cell_and_list_the_runs_left_out(tmp_path, capsys):
+    for seed in (0, 1):
+        fake_run(tmp_path, "fedavg", seed, 0.80, 0.5, 0.14)
+        fake_run(tmp_path, "fixmatch", seed, 0.85, 0.5, 0.14)
+    failed = fake_run(tmp_path, "feddb", 0, 0.85, 0.5, 0.14)
+    (failed / "failure.json").write_text("{}")
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    assert f"- {failed}: failed (failure.json)" in (out / "claims.md").read_text()
+    assert f"[claims] left out {failed}: failed" in capsys.readouterr().err
+    fake_run(tmp_path, "fixmatch-again", 1, 0.85, 0.5, 0.14)  # FixMatch's seed 1 once more
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 2
+    assert "seed 1 twice" in capsys.readouterr().err
