@@ -1,6 +1,6 @@
 """What a run is: identity.json, written into the run directory before its first round.
 
-    {"row": "fixmatch", "selection": {"key": "train.lr", "value": "0.1"}, "regime": "miniature",
+    {"row": "fixmatch-gn", "selection": {"key": "train.lr", "value": "0.1"}, "regime": "miniature",
      "seed": 0, "config": "<fingerprint>", "data": "<fingerprint>", "run": "<uuid>", ...}
 
 `row` is the table's name of the run (conf/comparison/, given by the sweep as the run-config key

@@ -71,6 +71,7 @@ class Conv2d(nn.Conv2d):
             or not torch.is_grad_enabled()
             or self.padding_mode != "zeros"
             or torch.compiler.is_compiling()
+            or torch.is_autocast_enabled("cpu")  # bf16 on the CPU: autocast's own kernels
         ):
             return super()._conv_forward(x, weight, bias)
         return _OneThreadWeightGrad.apply(

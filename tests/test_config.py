@@ -27,9 +27,10 @@ def test_run_config_keys_are_declared_once_typed_with_confs_defaults():
 
     from fssl.checks import GROUPS, RUN_CONFIG_TARGETS
     from fssl.config import CONF_DIR, run_config_defaults
+    from fssl.identity import IDENTITY_KEYS
 
     defaults = run_config_defaults()
-    assert set(defaults) == set(RUN_CONFIG_TARGETS) | {"overrides", "resume"}
+    assert set(defaults) == set(RUN_CONFIG_TARGETS) | {"overrides", "resume", *IDENTITY_KEYS}
     conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
     chosen = {k: v for d in conf["defaults"] if isinstance(d, dict) for k, v in d.items()}
     assert {g: defaults[g] for g in GROUPS} == {g: chosen[g] for g in GROUPS}
