@@ -44,6 +44,7 @@ from fssl import identity
 from fssl.checks import ConfigError
 from fssl.methods import method_class
 from fssl.methods.fixmatch import FixMatch
+from fssl.pairing import pairable
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
 from server_app.recorder import run_summary
 from server_app.rounds import FAILURE
@@ -248,6 +249,9 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
         "max_top_class_share": summary["max_top_class_share_late"],
         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
         "method_metrics": method_metrics(rounds),
+        "provenance": read_file(prov, json.loads)
+        if (prov := run_dir / "provenance.json").is_file()
+        else {},
     }, ""
 
 
@@ -376,34 +380,33 @@ def fmt(values: list[float], collapsed: int = 0) -> str:
     )
 
 
-def paired(runs: list[dict[str, Any]], key: str = "final") -> list[dict[str, Any]]:
+def paired(
+    runs: list[dict[str, Any]], key: str = "final", left_out: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Per setting, per comparison of the table of runs (feddb/rows.py: `comparisons`): the
-    per-seed differences of `key` on the seeds both have."""
+    per-seed differences of `key` on the seeds whose runs are a pair (fssl/pairing.py); each other
+    seed's goes to `left_out` as one line saying why."""
+    left_out = [] if left_out is None else left_out
     by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
-    pairs = comparisons(v for _, v in by)
-    out = []
+    pairs, out = comparisons(v for _, v in by), []
     for sett in setting_order(s for s, _ in by):
         for a, b in pairs:
             ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
-            seeds = sorted(set(ra) & set(rb))
-            vals = [
-                (ra[s][key], rb[s][key])
-                for s in seeds
-                if ra[s][key] is not None and rb[s][key] is not None
-            ]
-            if not vals:
+            why = {s: pairable(ra[s], rb[s]) for s in sorted(set(ra) & set(rb))}
+            left_out += [f"{sett}, {a} − {b}, seed {s}: {w}" for s, w in why.items() if w]
+            both = [s for s, w in why.items() if not w and None not in (ra[s][key], rb[s][key])]
+            if not both:
                 continue
-            diffs = [100 * (x - y) for x, y in vals]
+            diffs = [100 * (ra[s][key] - rb[s][key]) for s in both]
             m, lo, hi = interval95(diffs)
-            both = [s for s in seeds if ra[s][key] is not None and rb[s][key] is not None]
             out.append(
                 {
                     "setting": sett,
                     "a": a,
                     "b": b,
-                    "seeds": len(vals),
+                    "seeds": len(both),
                     "diffs": diffs,
                     "mean": m,
                     "low": lo,
@@ -525,7 +528,8 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
         "half of the test set).",
         "",
     ]
-    pairs = paired(runs)
+    dropped: list[str] = []
+    pairs = paired(runs, left_out=dropped)
     if pairs:
         out += [
             "### Paired per-seed differences of final test accuracy (points)",
@@ -533,6 +537,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
             *paired_table(pairs, "the interval is"),
             "",
         ]
+    out += [f"Pairs left out: {'; '.join(dropped)}.", ""] if dropped else []
     semi = [r for r in rows if r["pl_accuracy"]]
     if semi:
         out += [

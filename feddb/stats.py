@@ -34,7 +34,8 @@ def sign_test(above: int, below: int) -> float:
 
 def paired_test(d: list[float]) -> dict[str, Any]:
     """Mean, 95 % Student-t interval, two-sided paired t-test p-value, the seeds' signs and the
-    exact sign test's p-value."""
+    exact sign test's p-value. Identical non-zero differences have no t-test (t = mean / 0): p is
+    NaN, which Holm leaves out of its family and tables print as '–'; the sign test still speaks."""
     from scipy import stats
 
     m, lo, hi = interval95(d)
@@ -42,7 +43,7 @@ def paired_test(d: list[float]) -> dict[str, Any]:
     if len(a) < 2:
         p = math.nan
     elif a.std(ddof=1) == 0:
-        p = 1.0 if m == 0 else 0.0
+        p = 1.0 if m == 0 else math.nan
     else:
         p = float(stats.ttest_1samp(a, 0.0).pvalue)
     signs = (int((a > 0).sum()), int((a < 0).sum()))

@@ -29,6 +29,7 @@ from .checks import (
 )
 from .identity import IDENTITY_KEYS
 from .methods import check_method, fill_defaults, method_class
+from .partition import POOL_ORDERS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PYPROJECT = CONF_DIR.parent / "pyproject.toml"
@@ -444,6 +445,8 @@ def validate(cfg: dict[str, Any]) -> None:
         note="(largest over smallest class of the unlabeled pool)",
     )
     integer(cfg, "partition.min_size", low=1)
+    # runs saved before pool_order existed are in index order
+    choice(cfg, "partition.pool_order", POOL_ORDERS, default="index")
     check_scenario(cfg)
 
     choice(cfg, "model.name", ("cnn", "wrn28_2"))

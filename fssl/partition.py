@@ -13,6 +13,9 @@ over the other M - L, which hold no label).
 drawn first, the partitioner then divides the whole training set (labeled and unlabeled pools
 together) among the clients, and each client's labeled set is what it received of the labeled
 pool. Flower Datasets is Flower's data library, not its framework: it is imported only then.
+
+`partition.pool_order` orders each client's unlabeled pool: by index (the default), or for Dirichlet
+pools class by class as the authors' lists are (order_pools).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ MAX_REDRAWS = 1000
 
 
 SCENARIOS = ("labels_at_clients", "labels_at_server", "labels_at_partial_clients")
+POOL_ORDERS = ("index", "class")
 
 
 @dataclass
@@ -360,6 +364,26 @@ def flower_spread(
     return out
 
 
+def class_ordered(idx: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`idx` class by class, 0..K-1, each class in index order: how the authors' non_iid builds a
+    client's list (per class, a contiguous slice of torch.where's ascending indices)."""
+    idx = np.sort(idx)
+    return idx[np.argsort(y[idx], kind="stable")]
+
+
+def order_pools(part: Partition, y: np.ndarray) -> Partition:
+    """`partition.pool_order=class`: each client's unlabeled pool in the authors' order, its own
+    labeled images first, then the rest, each part class by class, as their pool is
+    `labeled_split + unlabeled_split` (main.py L49), so their unshuffled batches of 250 (the
+    pseudo-label and APP-U pass) are grouped by class. The labeled sets keep index order: the
+    authors train on them in one full batch, where order changes nothing."""
+    part.unlabeled = [
+        np.concatenate([class_ordered(lab, y), class_ordered(np.setdiff1d(unl, lab), y)])
+        for lab, unl in zip(part.labeled, part.unlabeled)
+    ]
+    return part
+
+
 def scenario_of(cfg: dict) -> tuple[str, int | None]:
     """The run's scenario and its number of labeled clients (runs saved before scenarios existed
     are labels_at_clients)."""
@@ -383,7 +407,7 @@ def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
             scenario,
             labeled_clients,
         )
-    return make_partition(
+    part = make_partition(
         y,
         num_classes,
         cfg["dataset"]["num_labeled"],
@@ -396,6 +420,11 @@ def partition_from_cfg(cfg: dict, y: np.ndarray, num_classes: int) -> Partition:
         scenario,
         labeled_clients,
     )
+    # only Dirichlet pools: the authors' iid lists are in random order (randperm), which index
+    # order already matches in class mix, so an IID pool keeps index order under either value
+    if p["mode"] == "dirichlet" and p.get("pool_order", "index") == "class":
+        return order_pools(part, y)
+    return part
 
 
 def summary_table(part: Partition, y: np.ndarray) -> str:

@@ -39,10 +39,10 @@ from feddb.rows import Row, method_yaml, table
 from feddb.runlist import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.methods import method_class
+from fssl.pairing import pairable
 from server_app.config import compose
 from server_app.recorder import run_summary
 from studies import factors
-from studies.factors import device_kind
 
 # (label, what the number is, larger is better)
 METRICS = [
@@ -184,13 +184,11 @@ def load(root: Path, left_out: list[str] | None = None) -> list[dict[str, Any]]:
     for regime_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         for run in load_runs([regime_dir], left_out):
             summary = run_summary(run["rounds"])
-            prov = run["dir"] / "provenance.json"
             run.update(
                 regime=regime_dir.name,
                 setting=setting_of(run["cfg"]),
                 variant=label(run["cfg"]),
                 defence_rounds=summary["defence_rounds"],
-                provenance=json.loads(prov.read_text()) if prov.is_file() else {},
                 **measures(run),
             )
             out.append(run)
@@ -210,25 +208,13 @@ def native_weighting(runs: list[dict[str, Any]]) -> str:
     return UNIFORM if native == "uniform" else SIZES
 
 
-WARMUP_KEYS = ("test_accuracy", "val_accuracy", "class_accuracy", "top_class_share")
-
-
-def warmup_matched(ra: dict[str, Any], rb: dict[str, Any]) -> bool:
-    """Whether two runs of one seed are a matched pair: they ran on the same kind of device (on
-    CUDA `train.precision=auto` is bf16, so a CPU arm and a GPU arm would differ in arithmetic
-    too), and they share their warm-up: the same number of warm-up rounds and, round by round, the
-    same recorded global model (its accuracies, per class too), which a model that differs
-    anywhere would not give. Without a warm-up both start from the seed's model."""
-    if device_kind(ra) != device_kind(rb):
-        return False
-    warm = ra["cfg"]["train"]["warmup_rounds"]
-    if warm != rb["cfg"]["train"]["warmup_rounds"]:
-        return False
-    ka = {r["round"]: r for r in ra["rounds"] if r["round"] <= warm}
-    kb = {r["round"]: r for r in rb["rounds"] if r["round"] <= warm}
-    return ka.keys() == kb.keys() and all(
-        ka[n].get(k) == kb[n].get(k) for n in ka for k in WARMUP_KEYS
-    )
+def paired_seeds(ra: dict[int, dict], rb: dict[int, dict]) -> tuple[list[int], dict[int, str]]:
+    """The seeds both arms ran whose runs are a pair (fssl/pairing.py), and why each other seed's
+    are not. A comparison none of whose pairs holds keeps all its seeds, unmatched: claims.csv
+    shows its difference, and it gives no verdict."""
+    seeds = sorted(set(ra) & set(rb))
+    why = {s: w for s in seeds if (w := pairable(ra[s], rb[s]))}
+    return [s for s in seeds if s not in why] or seeds, why
 
 
 def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -250,7 +236,7 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 for rank, (a, b) in enumerate(pairs):
                     a, b = (x.format(native=native, other=other) for x in (a, b))
                     ra, rb = by.get((regime, sett, a), {}), by.get((regime, sett, b), {})
-                    seeds = sorted(set(ra) & set(rb))
+                    seeds, why = paired_seeds(ra, rb)
                     if not seeds:
                         continue
                     row = {
@@ -261,7 +247,8 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "b": b,
                         "seeds": seeds,
                         "primary": rank == 0,
-                        "matched": all(warmup_matched(ra[s], rb[s]) for s in seeds),
+                        "matched": any(s not in why for s in seeds),
+                        "left_out": why,
                         "p_holm": math.nan,
                     }
                     for key, _, better_up in METRICS:
@@ -523,16 +510,29 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
                     f"{r['signs'][0]}+ {r['signs'][1]}− ({p_text(r['p_sign'])}) | "
                     f"{r['collapsed'][0]}; {r['collapsed'][1]} ({p_text(r['p_fisher'])}) |"
                 )
-        unmatched = [f"{r['a']} − {r['b']}" for r in mine if not r["matched"]]
-        if unmatched:
-            out += [
-                "",
-                "Left out, their warm-ups differ (claims.csv keeps them, matched = 0): "
-                + "; ".join(dict.fromkeys(unmatched))
-                + ".",
-            ]
+        out += [line for why in left_out_lines(mine) for line in ("", why)]
         out.append("")
     return "\n".join(out) + embed(figs)
+
+
+def left_out_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Why comparisons, or some of their pairs, are left out of a cell's table (fssl/pairing.py):
+    per reason, the comparisons none of whose pairs holds; then each pair left out of the rest."""
+    whole: dict[str, list[str]] = defaultdict(list)
+    pairs = []
+    for r in rows:
+        name = f"{r['a']} − {r['b']}"
+        if not r["matched"]:
+            whole["; ".join(dict.fromkeys(r["left_out"].values()))].append(name)
+        else:
+            pairs += [f"{name}, seed {s}: {why}" for s, why in r["left_out"].items()]
+    lines = [
+        f"Left out, {why} (claims.csv keeps them, matched = 0): "
+        + "; ".join(dict.fromkeys(names))
+        + "."
+        for why, names in whole.items()
+    ]
+    return lines + (["Pairs left out: " + "; ".join(dict.fromkeys(pairs)) + "."] if pairs else [])
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -776,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
     text += left_out_section(left_out)
     (out / "claims.md").write_text(text)
     write_csv(rows, out / "claims.csv")
+    cells = sorted({(r["regime"], r["setting"]) for r in rows})
+    for regime, sett in cells:
+        mine = [r for r in rows if (r["regime"], r["setting"]) == (regime, sett)]
+        for line in left_out_lines(mine):
+            print(f"[claims] {regime}, {sett}: {line}", file=sys.stderr)
     write_runs(everything, out / "runs.csv")
     if args.archive:
         archive(everything, root, Path(args.archive))

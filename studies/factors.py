@@ -3,8 +3,8 @@
 The runs of conf/sweeps/sweep/cause_exact.yaml start from the authors' exact regime and each flips
 one factor (a key of FACTORS) away from the preset's value. Per factor and method: collapsed runs
 out of n with Fisher's exact test against the exact point, the final test accuracy, and the
-paired per-seed difference from the exact point; per factor, DPL's paired effect on FixMatch. A
-pair is made only of two runs of one seed on one kind of device."""
+paired per-seed difference from the exact point; per factor, DPL's paired effect on FixMatch. Two
+runs of one seed are a pair by fssl/pairing.py's rule, the factor flipped excepted."""
 
 from __future__ import annotations
 
@@ -15,21 +15,12 @@ import numpy as np
 
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.methods import display_name
+from fssl.pairing import pairable
 
 CAUSE = "cause"  # the regime directory of the study (conf/sweeps/sweep/cause_exact.yaml: `out`)
 PRESET = "miniature_authors_exact"
 FACTORS = ("train.forward", "model.norm", "train.warmup_rounds", "dataset.num_labeled")
 EXACT = "the exact point"
-
-
-def device_kind(run: dict[str, Any]) -> str:
-    """The kind of device a run computed on: the device type and, where the provenance names it,
-    the machine (an H100 and an H200, or an AMD EPYC and an Intel Xeon, sum floats in other
-    orders: in a chaotic regime that alone moves a run by points)."""
-    prov = run.get("provenance", {})
-    device = str(prov.get("device", "cpu")).split(":")[0]
-    hardware = str(prov.get("hardware", "")).split(",")[0]
-    return f"{device} ({hardware})" if hardware else device
 
 
 def lookup(cfg: dict[str, Any], key: str) -> Any:
@@ -48,15 +39,19 @@ def method_of(cfg: dict[str, Any]) -> str:
     return display_name(cfg["method"]) + ("-FedDPL" if cfg["dpl"] else "")
 
 
-def pairs(a: dict[int, dict], b: dict[int, dict]) -> list[int]:
-    """Seeds both arms ran on one kind of device."""
-    return [s for s in sorted(set(a) & set(b)) if device_kind(a[s]) == device_kind(b[s])]
+def pairs(
+    a: dict[int, dict], b: dict[int, dict], varied: tuple[str, ...], name: str, left_out: list[str]
+) -> list[int]:
+    """Seeds whose runs in arms a and b are a pair (fssl/pairing.py; `varied`: the factors the
+    comparison flips); each other seed's pair goes to `left_out` as one line, under `name`."""
+    why = {s: pairable(a[s], b[s], varied) for s in sorted(set(a) & set(b))}
+    left_out += [f"{name}, seed {s}: {w}" for s, w in why.items() if w]
+    return [s for s, w in why.items() if not w]
 
 
-def difference(a: dict[int, dict], b: dict[int, dict]) -> str:
+def difference(a: dict[int, dict], b: dict[int, dict], seeds: list[int]) -> str:
     """a − b per seed in points: mean [95 % t interval] (sign test p; n pairs), and where the
     arms' runs split into collapsed and not, the counts with Fisher's p, which then decide."""
-    seeds = pairs(a, b)
     if not seeds:
         return "–"
     d = [100 * (a[s]["final"] - b[s]["final"]) for s in seeds]
@@ -83,6 +78,7 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
     by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(factor_of(r["cfg"], exact), method_of(r["cfg"]))][r["seed"]] = r
+    left_out: list[str] = []  # pairs that are no pair, each with why
     factors = sorted({f for f, _ in by}, key=lambda f: (f != EXACT, f))
     methods = sorted({m for _, m in by})
     settings = sorted({r["setting"] for r in runs})
@@ -117,7 +113,10 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
             finals = 100 * np.asarray([r["final"] for r in cell.values()])
             acc = f"{finals.mean():.2f}" + (f" ± {finals.std(ddof=1):.2f}" if n > 1 else "")
             p, ph = (p_text(d[(f, m)]) if (f, m) in d else "–" for d in (p_fisher, p_holm))
-            vs = "–" if f == EXACT else difference(cell, by.get((EXACT, m), {}))
+            vs = "–"
+            if f != EXACT:  # against the exact point, where the factor may differ
+                base = by.get((EXACT, m), {})
+                vs = difference(cell, base, pairs(cell, base, FACTORS, f"{f}, {m}", left_out))
             out.append(f"| {f} | {m} | {n} | {c} of {n} | {p} | {ph} | {acc} | {vs} |")
     with_dpl = [
         m for m in methods if m.endswith("-FedDPL") and m.removesuffix("-FedDPL") in methods
@@ -129,7 +128,11 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
             for m in with_dpl:
                 base = m.removesuffix("-FedDPL")
                 if (f, m) in by and (f, base) in by:
-                    out.append(f"| {f} | {m} − {base} | {difference(by[(f, m)], by[(f, base)])} |")
+                    a, b = by[(f, m)], by[(f, base)]
+                    seeds = pairs(a, b, (), f"{f}, {m} − {base}", left_out)
+                    out.append(f"| {f} | {m} − {base} | {difference(a, b, seeds)} |")
+    if left_out:
+        out += ["", "Pairs left out: " + "; ".join(left_out) + "."]
     return out + [""]
 
 

@@ -16,6 +16,7 @@ def test_defaults_are_the_quick_feddb_run():
         "delta": 0.3,
         "min_size": 1,
         "imbalance_ratio": None,
+        "pool_order": "index",
     }
     assert cfg["train"]["tau"] == 0.95 and cfg["dma"]["steps"] == 100 and cfg["dma"]["lr"] == 1.0
 
@@ -203,6 +204,10 @@ def test_paper_presets(name):
             "`app_u.estimate`: 'final'; allowed: local, literal",
         ),
         ({"overrides": "partition.imbalance_ratio=0.5"}, "`partition.imbalance_ratio`: 0.5"),
+        (
+            {"overrides": "partition.pool_order=random"},
+            "`partition.pool_order`: 'random'; allowed: index, class",
+        ),
         (
             {"overrides": "server.robust.loss_check_scale=step"},
             "`server.robust.loss_check_scale`: 'step'; allowed: lr, none",

@@ -88,3 +88,76 @@ def test_a_long_tailed_unlabeled_pool_keeps_the_labels_balanced(ratio):
     assert counts[0] == 690 and counts[-1] == round(690 / ratio)  # head and tail
     assert (np.diff(counts) < 0).all()  # falling class by class
     assert len(np.unique(pool)) == len(pool)  # every image once
+
+
+def _cfg(mode, delta, order, scenario="labels_at_clients"):
+    return {
+        "partition": {"mode": mode, "delta": delta, "min_size": 1, "pool_order": order},
+        "scenario": {"name": scenario},
+        "dataset": {"num_labeled": 1000},
+        "fl": {"num_clients": 10},
+        "seed": 0,
+    }
+
+
+def _pools(labels, mode, delta, order, scenario="labels_at_clients"):
+    from fssl.partition import partition_from_cfg
+
+    return partition_from_cfg(_cfg(mode, delta, order, scenario), labels, 10)
+
+
+def test_class_order_groups_a_dirichlet_pool_by_class_and_keeps_its_images(labels):
+    by_index = _pools(labels, "dirichlet", 0.1, "index")
+    by_class = _pools(labels, "dirichlet", 0.1, "class")
+    drawn = _part(labels, "dirichlet", 0.1, clients=10)
+    for pool, drawn_pool in zip(by_index.unlabeled, drawn.unlabeled):
+        assert np.array_equal(pool, drawn_pool)  # index: today's partition, unchanged
+    mixes = []
+    for lab, pool, grouped in zip(by_class.labeled, by_index.unlabeled, by_class.unlabeled):
+        assert np.array_equal(np.sort(grouped), pool)  # the same images, reordered
+        # own labeled images first, then the rest, each class by class in index order
+        own, rest = grouped[: len(lab)], grouped[len(lab) :]
+        assert np.array_equal(np.sort(own), lab)
+        for part in (own, rest):
+            assert np.all(np.diff(labels[part]) >= 0)
+            for c in range(10):
+                assert np.all(np.diff(part[labels[part] == c]) > 0)
+        if len(pool) >= 500:
+            mixes.append((len(set(labels[pool[:250]])), len(set(labels[rest[:250]]))))
+    # the first batch of 250: every class present in index order, few grouped by class
+    assert mixes and all(mixed > grouped for mixed, grouped in mixes)
+
+
+def test_class_order_leaves_iid_and_server_label_pools_as_documented(labels):
+    for p_idx, p_cls in zip(
+        _pools(labels, "iid", None, "index").unlabeled,
+        _pools(labels, "iid", None, "class").unlabeled,
+    ):
+        assert np.array_equal(p_idx, p_cls)  # the authors' iid order is random: index order kept
+    # labels at the server: no own labeled image, the pool class by class
+    for pool in _pools(labels, "dirichlet", 0.3, "class", "labels_at_server").unlabeled:
+        assert np.all(np.diff(labels[pool]) >= 0)
+
+
+@pytest.mark.parametrize(
+    "preset", ["miniature_authors_exact", "miniature_authors_exact_800", "miniature"]
+)
+def test_the_exact_presets_take_the_authors_pool_order(preset):
+    from server_app.config import compose
+
+    order = compose([f"experiment={preset}"])["partition"]["pool_order"]
+    assert order == ("index" if preset == "miniature" else "class")
+
+
+def test_a_client_trains_on_its_pool_in_the_partitions_order():
+    """The pseudo-label and APP-U pass chunks the client's tensors in their order: nothing between
+    the partition and the client re-sorts them."""
+    import torch
+
+    from fssl.runtime import client_data_for, dataset_for, partition_for
+    from server_app.config import compose
+
+    cfg = compose(["experiment=miniature_authors_exact"])
+    y, pool = dataset_for(cfg).y_train, partition_for(cfg).unlabeled[3]
+    assert not np.array_equal(y[pool], y[np.sort(pool)])  # the preset's pool: class by class
+    assert np.array_equal(client_data_for(cfg, 3, torch.device("cpu")).y_u.numpy(), y[pool])

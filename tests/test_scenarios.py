@@ -473,6 +473,8 @@ def test_the_report_gives_each_scenario_its_own_tables():
     assert [variant(native[0]), variant(adapted[0])] == ["SemiFL (static BN)", "SemiFL"]
     runs = [
         {"setting": "s", "variant": v, "seed": seed, "final": acc + seed / 100, "collapsed": False}
+        # what pairing reads (fssl/pairing.py): one seed, no warm-up, no provenance
+        | {"cfg": {"seed": seed, "train": {"warmup_rounds": 0}}, "rounds": []}
         for v, acc in (("FedAvg", 0.90), ("SemiFL", 0.93), ("SemiFL (static BN)", 0.95))
         for seed in (0, 1, 2)
     ]
