@@ -120,7 +120,15 @@ def test_an_online_labeller_is_paired_with_fixmatch_labelling_online():
     from feddb.report import paired
 
     runs = [
-        {"setting": "δ=0.3", "variant": v, "seed": s, "final": acc + s / 100, "collapsed": False}
+        {
+            "setting": "δ=0.3",
+            "variant": v,
+            "seed": s,
+            "final": acc + s / 100,
+            "collapsed": False,
+            "cfg": {"seed": s, "train": {"warmup_rounds": 0}},  # what the pairing rule reads
+            "rounds": [],
+        }
         for v, acc in (("FixMatch", 0.90), ("FixMatch (online)", 0.91), ("SoftMatch", 0.93))
         for s in range(3)
     ]
