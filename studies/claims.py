@@ -19,12 +19,14 @@ import argparse
 import csv
 import json
 import math
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from feddb.report import (
     check_groups,
@@ -86,7 +88,54 @@ CLAIMS = {
         ("FedDB, literal DMA", f"FixMatch, {NATIVE}"),
     ],
 }
-ALPHA = 0.05  # family-wise error rate of each regime's verdicts (Holm)
+PROJECT = Path(__file__).resolve().parents[1]
+PLAN = PROJECT / "studies" / "plans" / "claims.yaml"
+
+
+def plan() -> dict[str, Any]:
+    """The study's plan (studies/plans/claims.yaml): endpoint, test, alpha, each regime's family
+    and whether it was fixed before the regime's runs."""
+    return yaml.safe_load(PLAN.read_text())
+
+
+ALPHA = plan()["alpha"]  # family-wise error rate of each regime's verdicts (Holm)
+
+
+def git(args: list[str]) -> str:
+    """What a git command prints in the checkout ("" without git or a repository)."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=PROJECT, capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return ""
+    return done.stdout.strip()
+
+
+def plan_lines(regimes) -> list[str]:
+    """The plan by the commit that last changed it, and each regime's family as it records it."""
+    where = PLAN.relative_to(PROJECT).as_posix()
+    commit, dirty = (
+        git(args + ["--", where])
+        for args in (["log", "-1", "--format=%h, %cs"], ["status", "--porcelain"])
+    )
+    state = f"at commit {commit}" if commit else "not committed"
+    state += ", changed since" if commit and dirty else ""
+    p = plan()
+    out = [f"Plan: {where} ({state}): {p['endpoint']}; {p['test']}; α = {p['alpha']}."]
+    for regime in sorted(regimes):
+        spec = p["regimes"].get(regime)
+        family = spec and spec["family"]
+        if isinstance(family, list):
+            family = "; ".join(f"{a} − {b}" for a, b in family)
+        out.append(
+            f"- {regime}: family fixed {spec['fixed']}; {family}."
+            if spec
+            else f"- {regime}: not in the plan (its family was not fixed before its runs)."
+        )
+    return out
+
+
 # the study's rows (conf/comparison/paper.yaml), in the tables' order: FedDB's FixMatch client
 # with and without DPL and DMA, and labels-only FedAvg
 ROWS = ("fedavg", "fixmatch", "fixmatch-feddpl", "feddb-without-dpl", "feddb", "feddb-literal-dma")
@@ -323,6 +372,62 @@ README_CELLS = [(g, s) for g in ("cpu", "authors") for s in ("δ=0.1", "δ=0.3")
 REGIME_NAMES = {"cpu": "CPU", "authors": "authors'"}
 
 
+# Holm's families: a regime's primary comparisons (the published verdicts), the README's cells of a
+# regime, and every primary comparison. All three were chosen after the runs they correct (Holm came
+# at 0fa077d, after the last claims run), so a verdict that moves with the family depends on it.
+FAMILIES = {
+    "regime": lambda r: r["regime"],
+    "README cells": lambda r: r["regime"] if (r["regime"], r["setting"]) in README_CELLS else None,
+    "all": lambda r: "all",
+}
+FAMILY_TEXT = {
+    "regime": "a regime's primary comparisons (the verdicts above)",
+    "README cells": "the README's cells of a regime",
+    "all": "every primary comparison",
+}
+
+
+def family_holm(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Each primary, matched comparison's Holm p under each of FAMILIES (NaN outside it), and
+    each family's size (its largest group)."""
+    decided = [r for r in rows if r["primary"] and r["matched"]]
+    out = [dict.fromkeys(FAMILIES, math.nan) for _ in decided]
+    sizes = {}
+    for name, key in FAMILIES.items():
+        groups: dict[Any, list[int]] = defaultdict(list)
+        for i, r in enumerate(decided):
+            if key(r) is not None:
+                groups[key(r)].append(i)
+        for members in groups.values():
+            for i, p in zip(members, holm([deciding_p(decided[i]) for i in members])):
+                out[i][name] = p
+        sizes[name] = max(map(len, groups.values()), default=0)
+    return [dict(p, row=r) for p, r in zip(out, decided)], sizes
+
+
+def family_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The verdicts that move with Holm's family, as a table."""
+    ps, sizes = family_holm(rows)
+    moved = [f for f in ps if len({f[n] < ALPHA for n in FAMILIES if not math.isnan(f[n])}) > 1]
+    out = [
+        "## Verdicts under other families",
+        "",
+        "The families were chosen after the runs. Holm's p of each primary comparison whose "
+        f"significance (α = {ALPHA}) changes with the family, the families being "
+        + "; ".join(f"{n}: {FAMILY_TEXT[n]} ({sizes[n]})" for n in FAMILIES)
+        + ". Such a verdict depends on the family.",
+        "",
+    ]
+    if not moved:
+        return out[:3] + ["No verdict changes with the family.", ""]
+    out += ["| regime | setting | claim | " + " | ".join(FAMILIES) + " |", "|---" * 6 + "|"]
+    for f in moved:
+        r = f["row"]
+        ps = " | ".join(p_text(f[n]) for n in FAMILIES)
+        out.append(f"| {r['regime']} | {r['setting']} | {r['claim']} | {ps} |")
+    return [*out, ""]
+
+
 def readme_table(claims: list[dict[str, str]], runs: list[dict[str, str]]) -> str:
     """The README's table (`feddb tables`, from claims.csv and runs.csv): each claim's primary
     comparison per regime and setting, bold where the Holm-corrected test decides it, the collapse
@@ -419,6 +524,7 @@ def provenance_line(runs: list[dict[str, Any]]) -> str:
 
 def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[Path]) -> str:
     out = ["# The paper's claims, tested", "", provenance_line(runs), ""]
+    out += [*plan_lines({r["regime"] for r in runs}), ""]
     acted = [r for r in runs if any(r["defence_rounds"].values())]
     out += [
         f"Defences that changed an aggregate: {len(acted)} of {len(runs)} runs "
@@ -464,6 +570,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
         "holds: the corrected test finds a difference and it is > 0; fails: it finds one and it "
         "is < 0; not shown: it finds none; unmatched: the two arms' warm-ups differ (no verdict).",
         "",
+        *family_lines(rows),
     ]
     # per-cell tables
     for regime, sett in cells:

@@ -678,3 +678,41 @@ def test_claims_refuse_a_seed_twice_in_a_cell_and_list_the_runs_left_out(tmp_pat
     fake_run(tmp_path, "fixmatch-again", 1, 0.85, 0.5, 0.14)  # FixMatch's seed 1 once more
     assert claims.main([str(tmp_path), "--out", str(out)]) == 2
     assert "seed 1 twice" in capsys.readouterr().err
+
+
+def test_verdicts_that_move_with_holms_family_are_tabled_with_each_familys_p():
+    def row(regime, setting, p):
+        return {
+            "regime": regime,
+            "setting": setting,
+            "claim": "SSL helps",
+            "p": p,
+            "on_counts": False,
+            "primary": True,
+            "matched": True,
+        }
+
+    rows = [
+        row("cpu", "δ=0.1", 0.02),
+        row("cpu", "IID", 0.5),
+        row("authors", "δ=0.1", 0.3),
+        row("authors", "IID", 0.4),
+    ]
+    ps, sizes = claims.family_holm(rows)
+    assert sizes == {"regime": 2, "README cells": 1, "all": 4}
+    first = ps[0]
+    assert [first[n] for n in claims.FAMILIES] == pytest.approx([0.04, 0.02, 0.08])
+    assert np.isnan(ps[1]["README cells"])  # IID is not a README cell
+    text = "\n".join(claims.family_lines(rows))
+    assert "| cpu | δ=0.1 | SSL helps | 0.040 | 0.020 | 0.080 |" in text
+    assert "| cpu | IID |" not in text  # not significant under any family
+    assert claims.family_lines(rows[1:])[-2] == "No verdict changes with the family."
+
+
+def test_the_claims_name_their_plan_by_commit_and_each_regimes_family():
+    lines = claims.plan_lines({"cpu", "exact_class", "newer"})
+    assert lines[0].startswith("Plan: studies/plans/claims.yaml (")
+    assert f"α = {claims.ALPHA}" in lines[0] and claims.ALPHA == 0.05
+    assert lines[1].startswith("- cpu: family fixed after the runs")
+    assert lines[2].startswith("- exact_class: family fixed before the runs")
+    assert lines[3] == "- newer: not in the plan (its family was not fixed before its runs)."
