@@ -104,11 +104,12 @@ def test_the_churn_readmits_a_refused_node_but_not_one_it_holds_down(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_terminated_deployment_with_churn_running_stops_everything_it_started(
-    tmp_path, no_process_left_behind, small_npz
+    tmp_path, no_process_left_behind, small_npz, signum
 ):
-    """`feddb deploy local` sent SIGTERM (a batch system's stop, a closed terminal's SIGHUP
-    goes the same way) unwinds as Ctrl-C does: the churn thread is stopped first, so no node is
+    """`feddb deploy local` sent SIGTERM (a batch system's stop) or SIGHUP (a closed terminal)
+    unwinds as Ctrl-C does: the churn thread is stopped first, so no node is
     started again behind `close`, then every node and what Flower started for them end. Sent
     once a node has been killed by the churn and is due back."""
     from conftest import flower_pids
@@ -147,9 +148,10 @@ def test_a_terminated_deployment_with_churn_running_stops_everything_it_started(
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.stdout.read()
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert proc.returncode == 128 + signum, out[-3000:]
+    assert "interrupted" in out, out[-3000:]
     assert not flower_pids(workdir)
 
 
