@@ -28,7 +28,7 @@ from .checks import (
     path_string,
 )
 from .identity import IDENTITY_KEYS
-from .methods import check_method, fill_defaults, method_class
+from .methods import check_method, declared, fill_defaults, method_class
 from .partition import POOL_ORDERS
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -106,28 +106,17 @@ def _hydra_value(value: Any) -> str:
 
 def compose(overrides: list[str] | None = None) -> dict[str, Any]:
     """Compose `conf/config.yaml` with Hydra overrides and return a validated plain dict."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     overrides = list(overrides or [])
-    _check_group_choices(overrides)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
-        data = OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(override_error(err)) from err
-    finally:
-        GlobalHydra.instance().clear()
+    cls = chosen_method(overrides)
+    keys = declared(cls)
+    _check_group_choices(overrides, keys)
+    data = _hydra(set_declared(overrides, keys), cls)
     for item in overrides:  # `++key=value` sets a key that exists; it may not add one
         name = item.partition("=")[0]
         if name.startswith("++") and not (
-            name[2:] == "partition.partitioner" or name[2:].startswith(PREFIXES)
+            name[2:] == "partition.partitioner"
+            or name[2:].startswith(PREFIXES)
+            or method_key(name[2:]) in keys
         ):
             base = compose([o for o in overrides if not o.startswith("++")])
             try:
@@ -139,15 +128,145 @@ def compose(overrides: list[str] | None = None) -> dict[str, Any]:
                     "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md"
                 ) from None
     fill_defaults(data["method"])
+    apply_class_globals(data, overrides)
     validate(data)
     return data
 
 
-def override_error(err: Exception) -> str:
+def _hydra(overrides: list[str], cls: type | None = None) -> dict[str, Any]:
+    """Hydra's composition of conf/ with `overrides`, resolved (`cls`: the chosen method's class,
+    whose declared keys an unknown `method.<key>`'s message names)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(override_error(err, cls)) from err
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def method_key(name: str) -> str | None:
+    """`temperature` for `method.temperature` (or `method.temperature.x`); None outside method."""
+    return name.split(".")[1] if name.startswith("method.") else None
+
+
+def chosen_method(overrides: list[str]) -> type | None:
+    """The method class the overrides choose, read without composing: `method.trainer=...`, else
+    the trainer in the YAML of `method=<name>` (or of config.yaml's default); None where there is
+    none yet (an unknown group option or a bad override is refused later, with its message)."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except HydraException:
+        return None
+    choices = {o.key_or_group: o.value() for o in parsed if not o.is_delete()}
+    trainer = choices.get("method.trainer")
+    if trainer is None:
+        name = choices.get("method") or default_choice("method")
+        path = CONF_DIR / "method" / f"{name}.yaml"
+        if not isinstance(name, str) or not path.is_file():
+            return None
+        trainer = (yaml.safe_load(path.read_text()).get("method") or {}).get("trainer")
+    return method_class(trainer) if trainer else None
+
+
+def default_choice(group: str) -> str | None:
+    """conf/config.yaml's choice for a config group (e.g. `feddb` for `method`)."""
+    import yaml
+
+    entries = yaml.safe_load((CONF_DIR / "config.yaml").read_text())["defaults"]
+    return next((e[group] for e in entries if isinstance(e, dict) and group in e), None)
+
+
+def set_declared(overrides: list[str], keys: list[str]) -> list[str]:
+    """The overrides with each `method.<key>=v` (or `+method.<key>=v`) of a key the class
+    declares as `++method.<key>=v`: Hydra sets it whether or not the method's YAML has it."""
+    out = []
+    for item in overrides:
+        name = item.partition("=")[0]
+        declared_key = "=" in item and not name.startswith("~") and method_key(name.lstrip("+"))
+        out.append("++" + item.lstrip("+") if declared_key in keys else item)
+    return out
+
+
+def apply_class_globals(data: dict[str, Any], overrides: list[str]) -> None:
+    """The dotted keys of the class's `defaults` (e.g. `train.tau`), applied as its YAML would
+    be: a key the command line sets, or the experiment preset sets, keeps that value."""
+    trainer = data["method"].get("trainer")
+    cls = method_class(trainer) if trainer else None
+    dotted = {k: v for k, v in getattr(cls, "defaults", {}).items() if "." in k}
+    if not dotted:
+        return
+    for path in dotted:
+        try:
+            parent, key = lookup(data, path)
+            known = isinstance(parent, dict) and key in parent and not path.startswith("method.")
+        except (KeyError, TypeError):
+            known = False
+        if not known:
+            raise ConfigError(
+                f"{cls.__name__}.defaults sets `{path}`, a key the configuration does not have "
+                "(a typo?): the keys are in conf/config.yaml (a method's own go undotted)"
+            )
+    given = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    later = set_after_method(data["method"], dotted, overrides)
+    for path, value in dotted.items():
+        if path not in given and path not in later:
+            parent, key = lookup(data, path)
+            parent[key] = value  # as the method's YAML would have set it
+
+
+UNSET = "<feddb: not set after the method>"
+
+
+def set_after_method(method: dict[str, Any], paths: dict[str, Any], overrides: list[str]):
+    """The `paths` that a config merged after the method's YAML (the experiment preset) sets:
+    composed once more with a method group option that marks each of them unset (a value equal
+    to conf/config.yaml's is still the preset's)."""
+    from hydra.core.config_store import ConfigStore
+
+    node: dict[str, Any] = {"method": dict(method)}
+    for path in paths:
+        *parents, key = path.split(".")
+        inner = node
+        for name in parents:
+            inner = inner.setdefault(name, {})
+        inner[key] = UNSET
+    ConfigStore.instance().store(group="method", name="_class_probe", node=node, package="_global_")
+    groups = [o for o in overrides if "." not in o.partition("=")[0]]
+    probe = _hydra([o for o in groups if not o.startswith("method=")] + ["method=_class_probe"])
+    return {p for p in paths if value_at(probe, p) != UNSET}
+
+
+def value_at(cfg: dict[str, Any], path: str) -> Any:
+    parent, key = lookup(cfg, path)
+    return parent[key]
+
+
+def override_error(err: Exception, cls: type | None = None) -> str:
     """Hydra's complaint about an override in one line, without the advice to add the key with
-    `+` (refused: a typo would pass unnoticed)."""
+    `+` (refused: a typo would pass unnoticed); a `method.<key>` one names the keys the method's
+    class declares (`cls`), and how to declare one."""
     first = str(err).strip().splitlines()[0]
     unknown = re.match(r"Could not override '([^']+)'", first)
+    if unknown and unknown.group(1).startswith("method.") and cls is not None:
+        return (
+            f"unknown key `{unknown.group(1)}` in overrides (a typo?): method {cls.__name__} "
+            f"declares {', '.join(declared(cls)) or 'no keys'} in its class's `defaults` (and "
+            "its YAML's, if any, in conf/method/); to add one, declare it in the class's `defaults`"
+        )
     if unknown:
         return (
             f"unknown key `{unknown.group(1)}` in overrides (a typo?): the keys are in "
@@ -270,8 +389,9 @@ EXTENSIBLE = ("strategy.params.", "partition.params.", "partition.partitioner", 
 PREFIXES = tuple(e for e in EXTENSIBLE if e.endswith("."))
 
 
-def _check_group_choices(overrides: list[str]) -> None:
-    # a method given by path has no YAML listing its keys: `+method.<key>` sets one of them
+def _check_group_choices(overrides: list[str], keys: list[str]) -> None:
+    # a method given by path has no YAML listing its keys: `+method.<key>` sets one of them, as
+    # it sets a key a built-in method's class declares (`keys`)
     by_path = any(o.startswith("method.trainer=") and ":" in o for o in overrides)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -282,13 +402,14 @@ def _check_group_choices(overrides: list[str]) -> None:
             name == "partition.partitioner"
             or name.startswith(PREFIXES)
             or (by_path and name.startswith("method."))
+            or method_key(name) in keys
         )
         if key.startswith("+") and not key.startswith("++") and not extensible:
             raise ConfigError(
                 f"override {item!r} adds `{key.lstrip('+')}`, a key the configuration does not "
                 "have (a typo?): the keys are in conf/config.yaml and docs/configuration.md; new "
                 f"keys are taken only under {', '.join(EXTENSIBLE)} (and method. for a method "
-                "given by path)"
+                "given by path, or a key its class declares in `defaults`)"
             )
         key = key.lstrip("+~")
         if sep and key in GROUPS:

@@ -236,3 +236,46 @@ def test_a_subclass_of_a_method_that_calls_select_may_define_it(tmp_path):
         "        return super().select(probs, idx, learn, raw)\n"
     )
     assert method_class(f"{tmp_path / 'semi.py'}:MySemi").__name__ == "MySemi"
+
+
+def test_keys_a_class_declares_are_set_without_plus_and_its_train_defaults_yield(tmp_path):
+    """`defaults` declares `method.<key>`s (set as any key is) and the global keys its YAML could
+    set: those act where the YAML would, under the experiment preset and the command line."""
+    (tmp_path / "tempered.py").write_text(
+        "from fssl.methods.fixmatch import FixMatch\n\n\n"
+        "class Tempered(FixMatch):\n"
+        '    defaults = {"temperature": 0.4, "train.tau": 0.8}\n'
+    )
+    base = [*TINY[:-1], *run_config_to_overrides({"method": f"{tmp_path}/tempered.py:Tempered"})]
+    cfg = compose(base)  # (TINY[-1] sets train.tau)
+    assert cfg["method"]["temperature"] == 0.4 and cfg["train"]["tau"] == 0.8
+    cfg = compose([*base, "method.temperature=0.5", "train.tau=0.7"])
+    assert cfg["method"]["temperature"] == 0.5 and cfg["train"]["tau"] == 0.7
+    assert compose([*base, "+method.temperature=0.6"])["method"]["temperature"] == 0.6
+    # the preset sets 0.95, conf/config.yaml's value too: still the preset's
+    assert compose([*base, "experiment=miniature_authors_exact"])["train"]["tau"] == 0.95
+    with pytest.raises(ConfigError) as err:
+        compose([*base, "method.nonsense=1"])
+    assert str(err.value).startswith("unknown key `method.nonsense` in overrides (a typo?): ")
+    assert "Tempered declares temperature in its class's `defaults`" in str(err.value)
+    assert "declare it in the class's `defaults`" in str(err.value) and "\n" not in str(err.value)
+    (tmp_path / "typo.py").write_text(
+        "from fssl.methods.fixmatch import FixMatch\n\n\n"
+        "class Typo(FixMatch):\n"
+        '    defaults = {"train.tua": 0.8}\n'
+    )
+    with pytest.raises(ConfigError, match=r"Typo.defaults sets `train.tua`, a key the conf"):
+        compose([*TINY, *run_config_to_overrides({"method": f"{tmp_path}/typo.py:Typo"})])
+
+
+def test_a_built_in_method_takes_the_keys_its_class_declares(monkeypatch):
+    monkeypatch.setattr(FixMatch, "defaults", {"temperature": 0.4})
+    assert compose([*TINY, "method=fixmatch"])["method"]["temperature"] == 0.4
+    cfg = compose([*TINY, "method=fixmatch", "method.temperature=0.5"])
+    assert cfg["method"]["temperature"] == 0.5
+    cfg = compose([*TINY, "method=fixmatch", "+method.temperature=0.6"])
+    assert cfg["method"]["temperature"] == 0.6
+    with pytest.raises(ConfigError, match=r"method FixMatch declares temperature in its class"):
+        compose([*TINY, "method=fixmatch", "method.nonsense=1"])
+    with pytest.raises(ConfigError, match=r"adds `method.nonsense`, a key the configuration"):
+        compose([*TINY, "method=fixmatch", "+method.nonsense=1"])

@@ -4,12 +4,12 @@ confidence raised to a power (a soft-weighting method, as SoftMatch is).
 Run it with the project's clients and server, from any directory:
 
     flwr run /path/to/feddb-flower --run-config \\
-        "method='/abs/path/confidence_weighted.py:ConfidenceWeighted' overrides='+method.power=3'"
+        "method='/abs/path/confidence_weighted.py:ConfidenceWeighted' overrides='method.power=3'"
 
 or, with this directory on PYTHONPATH, `method='confidence_weighted:ConfidenceWeighted'`; sweep it
 beside FixMatch with `feddb sweep -m row=fixmatch,/abs/path/confidence_weighted.py:ConfidenceWeighted`.
 Every process that trains (each SuperNode, in a deployment) loads the class from that path. It
-needs no YAML: `defaults` gives its `method.*` values (a user's `+method.<key>=...` wins), DPL and
+needs no YAML: `defaults` gives its `method.*` values (a user's `method.<key>=...` wins), DPL and
 DMA are off unless `dpl=true dma=true` (hooks of every pseudo-labelling method).
 """
 

@@ -178,16 +178,22 @@ def method_class(spec: str) -> type[LocalTrainer]:
     return METHODS[spec]
 
 
+def declared(cls: type | None) -> list[str]:
+    """The `method.*` keys a class declares in its `defaults` (a dotted key there is a global
+    one, e.g. `train.tau`): `method.<key>=v` sets each without `+`."""
+    return sorted(k for k in getattr(cls, "defaults", {}) if "." not in k)
+
+
 def fill_defaults(m: dict[str, Any]) -> None:
-    """A method given by path has no YAML: its class's `defaults` give the `method.*` values its
-    configuration leaves unset (conf/method/custom.yaml leaves `pseudo_labels` null), then
-    pseudo-labels once a round. A user's `+method.<key>=...` wins."""
-    if not is_path(str(m.get("trainer") or "")):
-        return
-    for key, value in method_class(m["trainer"]).defaults.items():
-        if m.get(key) is None:
-            m[key] = value
-    if m.get("pseudo_labels") is None:
+    """The class's `defaults` give the `method.*` values its configuration leaves out (a method
+    given by path has no YAML, and conf/method/custom.yaml leaves `pseudo_labels` null for it),
+    then pseudo-labels once a round. A user's `method.<key>=...` wins."""
+    by_path = is_path(str(m.get("trainer") or ""))
+    cls = method_class(m["trainer"]) if m.get("trainer") else None
+    for key in declared(cls):
+        if key not in m or (by_path and m[key] is None):
+            m[key] = cls.defaults[key]
+    if by_path and m.get("pseudo_labels") is None:
         m["pseudo_labels"] = "round"
 
 

@@ -80,8 +80,9 @@ class LocalTrainer:
 
     uses_unlabeled = False
     display = "labels only"  # how reports name it
-    # `method.*` values of a method given by path, which has no YAML (a built-in's YAML holds
-    # them): e.g. {"pseudo_labels": "online", "ema": 0.97}; a user's `+method.<key>=` wins
+    # `method.*` values the method's YAML leaves out (a method given by path has none), e.g.
+    # {"pseudo_labels": "online", "ema": 0.97}, and dotted keys its YAML could set, e.g.
+    # {"train.tau": 0.8} (experiment presets and the command line win); `method.<key>=` wins
     defaults: dict[str, Any] = {}
     server: type[MethodServer] = MethodServer  # the method's server side: plain averaging
     proximal_mu = 0.0  # FedProx's mu for the round (fit's `proximal_mu`)
