@@ -30,7 +30,9 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from feddb.launch import parse_run_config
 from feddb.rows import table
+from fssl.config import sweep_warmup_note
 from fssl.profiling import interruptible, marked, stop
 from fssl.runtime import cores
 from server_app.rounds import FAILURE, SKIPPED_EXIT
@@ -339,14 +341,14 @@ def row_problem(names: list[str]) -> str | None:
     return None
 
 
-def swept_rows(params: dict[str, str], task: list[str]) -> list[str]:
-    """The rows a multirun will run: the command line's `row=` or else the preset's, as plain
-    comma-separated values (none where Hydra's grammar says more: choice(...), range(...),
-    quotes; Hydra resolves those, and an unknown row then fails its run)."""
-    value = str(params.get("row", ""))
+def swept_rows(params: dict[str, str], task: list[str], name: str = "row") -> list[str]:
+    """The rows (values of `name`) a multirun will run: the command line's `row=` or else the
+    preset's, as plain comma-separated values (none where Hydra's grammar says more: choice(...),
+    range(...), quotes; Hydra resolves those, and an unknown row then fails its run)."""
+    value = str(params.get(name, ""))
     for item in task:
         key, sep, val = str(item).partition("=")
-        if sep and key.lstrip("+~") == "row":
+        if sep and key.lstrip("+~") == name:
             value = val
     if any(c in value for c in "()[]{}'\""):
         return []
@@ -373,6 +375,14 @@ def count_jobs(params: dict[str, str], task: list[str]) -> int:
             return 0
         total *= len([x for x in v.split(",") if x != ""]) or 1
     return total
+
+
+def first_runs(config: Any, params: dict[str, str], task: list[str]) -> dict[str, str]:
+    """Each row's run-config in the sweep's first combination (each swept key's first value)."""
+    keys = ("dataset", "partition", "experiment", "seed", "run_config", "tune", "value")
+    first = {k: (swept_rows(params, task, k) or [config.get(k)])[0] for k in keys}
+    named = {r: c for r in swept_rows(params, task) or [str(config.row)] if (c := row_config(r))}
+    return {r: fresh_run_config(OmegaConf.create({**first, "row": r}), c) for r, c in named.items()}
 
 
 def eta(seconds: float) -> str:
@@ -470,6 +480,9 @@ class SweepSummary(Callback):
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
+        note = sweep_warmup_note(first_runs(config, params, task), parse_run_config)
+        if note:  # a warning: the runs go on
+            print(f"warning: {note}", file=sys.stderr, flush=True)
         new_id = f"{os.getpid()}-{self.start}"
         PROGRESS.update(total=count_jobs(params, task), done=0, ran=0, start=self.start, id=new_id)
         # inherited by the worker processes of --jobs (started after this)

@@ -739,6 +739,29 @@ def warmup_note(cfg: dict[str, Any]) -> str | None:
     )
 
 
+def sweep_warmup_note(run_configs: dict[str, str], parse: Any) -> str | None:
+    """What to say before a sweep whose rows (`run_configs`: each row's run-config, read by
+    `parse`) train on labels alone in every round of their runs, or None. A row that does not
+    compose is left to its run, which says why."""
+    inside: dict[str, dict[str, Any]] = {}
+    for row, text in run_configs.items():
+        try:
+            cfg = compose_from_run_config(parse(text))
+        except (ConfigError, ValueError):
+            continue
+        if warmup_note(cfg):
+            inside[row] = cfg
+    if not inside:
+        return None
+    cfg = next(iter(inside.values()))
+    return (
+        f"row(s) {', '.join(inside)}: all {cfg['num_rounds']} rounds fall inside the labels-only "
+        f"warm-up (train.warmup_rounds={cfg['train']['warmup_rounds']}), so they train on the "
+        "labels alone; raise num-server-rounds in run_config, or lower train.warmup_rounds "
+        "(run_config=\"overrides='train.warmup_rounds=0'\")"
+    )
+
+
 def clients_per_round(cfg: dict[str, Any], fraction: float | None = None) -> int:
     """Clients a round samples: round(C * M), at least 1 and at most M (C: fl.fraction_train,
     or `fraction` for federated evaluation)."""

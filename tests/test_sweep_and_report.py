@@ -793,3 +793,16 @@ def test_a_stopped_sweep_stops_its_runs_and_what_they_started(tmp_path, signum):
     assert not alive(child) and not alive(launcher)
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("interrupted; resume with: feddb sweep -m row")
+
+
+def test_a_sweep_whose_rounds_all_fall_in_the_warm_up_says_so_before_its_runs(tmp_path):
+    """experiment=quick warms up for 10 labels-only rounds: 3 rounds of FixMatch are all warm-up
+    (one warning line naming the keys, the runs go on); FedAvg, or 20 rounds, are not."""
+    res = sweep(tmp_path, "row=fixmatch,fedavg", 'run_config="num-server-rounds=3"')
+    assert res.returncode == 0, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: row(s) fixmatch: all 3 rounds")
+    assert "num-server-rounds" in warnings[0] and "train.warmup_rounds" in warnings[0]
+    assert len(list((tmp_path / "out").rglob("s0"))) == 2  # both ran
+    res = sweep(tmp_path, "row=fixmatch", 'run_config="num-server-rounds=20"', out=tmp_path / "o2")
+    assert res.returncode == 0 and "warning: " not in res.stderr
