@@ -120,7 +120,7 @@ def test_a_sweep_asked_other_settings_refuses_the_old_run_or_runs_beside_it(tmp_
     assert (runs / f"{new.name}.log").read_text().count("=== ") == 1
 
 
-LONG_STUB = STUB.replace("calls = out", "import time; time.sleep(20)\ncalls = out")
+LONG_STUB = STUB.replace("calls = out", "import time; time.sleep(8)\ncalls = out")
 
 
 def test_two_sweeps_into_one_out_the_second_is_refused(tmp_path):
