@@ -250,14 +250,8 @@ def run_one(cfg: Any) -> dict[str, Any]:
 
 
 def status_record(cfg: Any, run_dir: Path) -> dict[str, Any]:
-    return {
-        "row": str(cfg.row),
-        "dataset": str(cfg.dataset),
-        "partition": str(cfg.partition),
-        "seed": int(cfg.seed),
-        "run_dir": str(run_dir),
-        "time": time.time(),
-    }
+    names = {k: str(cfg[k]) for k in ("row", "dataset", "partition")}
+    return {**names, "seed": int(cfg.seed), "run_dir": str(run_dir), "time": time.time()}
 
 
 def fresh_run_config(cfg: Any, config: str) -> str:
@@ -430,8 +424,8 @@ HELD: list[Any] = []  # the open lock file, for as long as this sweep runs
 
 
 def lock_out(out: Path) -> str | None:
-    """One sweep into `out` at a time: an exclusive lock on <out>/.sweep.lock, which the system
-    drops with the process, so a dead sweep leaves none behind. Why not, or None when taken."""
+    """One sweep into `out` at a time: a lock on <out>/.sweep.lock that dies with its process.
+    Why not, or None when taken."""
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
@@ -471,6 +465,8 @@ class SweepSummary(Callback):
         except Exception:  # noqa: BLE001 - progress is a nicety
             params, task = {}, []
         problem = row_problem(swept_rows(params, task))
+        if str(config.get("mismatch")) not in ("refuse", "beside"):
+            problem = f"mismatch={config.get('mismatch')}: choose refuse or beside"
         if "lr" in params or any(str(t).lstrip("+").startswith("lr=") for t in task):
             problem = "the sweep key lr is now value (tune=train.lr is the default): value=0.01,0.1"
         if problem:

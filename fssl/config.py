@@ -27,7 +27,7 @@ from .checks import (
     numbers,
     path_string,
 )
-from .identity import IDENTITY_KEYS
+from .identity import IDENTITY_KEYS, selection_of
 from .methods import check_method, declared, fill_defaults, method_class
 from .partition import POOL_ORDERS
 
@@ -70,6 +70,7 @@ def run_config_to_overrides(run_config: dict[str, Any]) -> list[str]:
             f"unknown run-config key(s) {unknown}: the keys are "
             f"{', '.join(run_config_defaults())} (pyproject.toml)"
         )
+    selection_of(str(rc.get("selection", "")))  # a selection that is not key=value: refused here
     out: list[str] = []
     for key, target in RUN_CONFIG_TARGETS.items():
         if key in rc:

@@ -362,6 +362,7 @@ CASES = [
         lambda t: f"resume='{never_started(t)}'",
         "ended no round",
     ),
+    ("run-config", "a selection that is not key=value", "selection='0.1'", "selection"),
     (
         "resume",
         "a run whose data changed since it started",
@@ -530,6 +531,12 @@ ARGV_CASES = [
     ),
     ("sweep", "an unknown row", lambda t: ["sweep", "-m", "row=bogus", f"out={t}/s"], "bogus"),
     ("sweep", "no jobs", lambda t: ["sweep", "--jobs", "0", "-m", "row=fedavg"], "--jobs"),
+    (
+        "sweep",
+        "mismatch neither refuse nor beside",
+        lambda t: ["sweep", "-m", "row=fedavg", f"out={t}/s", "mismatch=bogus"],
+        "mismatch=bogus",
+    ),
     (
         "sweep",
         "a second sweep into one out",
