@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,8 @@ import pytest
 from conftest import flower_pids
 from localgrid import metrics_without_timing
 
-from fssl.config import group_options
+from fssl.config import group_options, interrupted_exit
+from fssl.profiling import STOP_SIGNALS, Interrupted, interruptible
 
 PROJECT = Path(__file__).resolve().parents[1]
 TINY = (
@@ -257,17 +260,34 @@ def test_a_run_with_skipped_rounds_exits_4_and_says_how_many_last(tmp_path):
     assert json.loads((out / "summary.json").read_text())["skipped_rounds"] == [1, 2]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
-def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path, signum):
-    """SIGTERM (a sweep or a job system stopping a run), SIGHUP (a closed terminal: it used to
-    leave the Ray head, its raylet and GCS, the SuperLink and the SuperExec running) and SIGINT
-    (Ctrl-C) unwind the launcher: what it started goes, and its last line, no traceback, says
-    how to resume; the exit status is 128 + the signal."""
-    import signal
-    import time
+@pytest.mark.parametrize("signum", STOP_SIGNALS)
+def test_each_stop_signal_unwinds_once_with_its_exit_status(signum):
+    """SIGINT (Ctrl-C), SIGTERM (a sweep or a job system) and SIGHUP (a closed terminal) take one
+    path: the launcher's `interruptible` turns the first into Interrupted (a KeyboardInterrupt,
+    so every `finally` on the way out runs), ignores a second, gives the old handlers back, and
+    the exit status is 128 + the signal. The Flower run below stops with one of them."""
+    before, caught = signal.getsignal(signum), None
+    with interruptible():
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises before this ends
+        except Interrupted as err:
+            caught = err
+        os.kill(os.getpid(), signum)  # a second one is ignored: the clean-up is not cut short
+    assert caught is not None and caught.code == 128 + signum
+    assert interrupted_exit(caught, None, ["feddb", "run"]) == 128 + signum
+    assert signal.getsignal(signum) == before
 
+
+@pytest.mark.slow
+def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path):
+    """SIGHUP (a closed terminal: it used to leave the Ray head, its raylet and GCS, the
+    SuperLink and the SuperExec running) unwinds the launcher: what it started goes, and its
+    last line, no traceback, says how to resume; the exit status is 128 + the signal. (SIGINT and
+    SIGTERM take the same path: the test above.)"""
     from feddb.resources import group_alive
+
+    signum = "SIGHUP"
 
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"))
     run = tmp_path / "run"
@@ -323,7 +343,6 @@ def test_a_stopped_launcher_leaves_no_superlink_and_no_ray_head(tmp_path, signum
 )
 def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message, monkeypatch, capsys):
     """The launcher's own `main`, here (its process's exit code is main's: the failed-run test)."""
-    import signal
 
     from feddb.launch import main
 
