@@ -213,6 +213,11 @@ def client_record(metrics: dict[str, Any], weight: float) -> dict[str, Any]:
         "pseudo_label_accuracy_all": _num(metrics, "pseudo_label_accuracy_all"),
         "labeled_histogram": [int(x) for x in _floats(metrics, "labeled_histogram")],
         "pseudo_label_histogram": [int(x) for x in _floats(metrics, "pseudo_label_histogram")],
+        # by true class (simulation: the hidden labels known), over the images that weigh in
+        "pseudo_label_class_true": [int(x) for x in _floats(metrics, "pseudo_label_class_true")],
+        "pseudo_label_class_correct": [
+            int(x) for x in _floats(metrics, "pseudo_label_class_correct")
+        ],
         "loss_sup": _num(metrics, "loss_sup"),
         "loss_unsup": _num(metrics, "loss_unsup"),
         "train_seconds": _num(metrics, "train_seconds"),

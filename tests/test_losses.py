@@ -51,3 +51,24 @@ def test_momentum_update_and_masked_ce_normalisation():
     logits, y = torch.zeros(2, 4), torch.tensor([0, 1])
     assert torch.isclose(masked_ce(logits, y, 8), torch.log(torch.tensor(4.0)) * 2 / 8)
     assert masked_ce(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 8).item() == 0.0
+
+
+def test_pseudo_label_figures_by_true_class_count_the_images_that_weigh_in():
+    """Per true class: the used images and those labelled right; with the histogram (by
+    pseudo-label) they give each class's precision and recall among the used images."""
+    from fssl.methods.base import LocalTrainer
+    from fssl.train import ClientData
+
+    trainer = LocalTrainer.__new__(LocalTrainer)
+    trainer.num_classes = 3
+    y_u = torch.tensor([0, 0, 1, 1, 2, 2])
+    labels = torch.tensor([0, 1, 1, 1, 0, 2])
+    mask = torch.tensor([True, True, True, False, True, False])
+    data = ClientData(torch.empty(0), torch.empty(0), torch.empty(0), y_u)
+    stats = trainer.label_stats(labels, mask, data)
+    assert stats["pseudo_label_histogram"] == [2, 2, 0]  # labels 0, 1, 1, 0 used
+    assert stats["pseudo_label_class_true"] == [2, 1, 1]  # true 0, 0, 1, 2 used
+    assert stats["pseudo_label_class_correct"] == [1, 1, 0]
+    assert stats["pseudo_label_accuracy"] == 0.5
+    weights = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.25, 0.0])  # per-image weights: the same rule
+    assert trainer.label_stats(labels, weights, data)["pseudo_label_class_true"] == [1, 1, 1]

@@ -160,8 +160,8 @@ class LocalTrainer:
         out = {
             "pseudo_label_ratio": float(weights.sum()) / max(len(mask), 1),
             "pseudo_label_count": n_used,
-            "pseudo_label_histogram":  # classes of the pseudo-labels that weigh in the loss
-            torch.bincount(labels[used], minlength=self.num_classes).tolist(),
+            # classes of the pseudo-labels that weigh in the loss
+            "pseudo_label_histogram": self._by_class(labels[used]),
         }
         if bool((data.y_u >= 0).all()):  # hidden labels known (simulation, exported files)
             correct = (labels == data.y_u).float()
@@ -173,7 +173,15 @@ class LocalTrainer:
                 accuracy = float((correct * weights).sum() / weights.sum())
             out["pseudo_label_accuracy"] = accuracy
             out["pseudo_label_accuracy_all"] = float(correct.mean()) if len(mask) else 0.0
+            # by true class, over the images that weigh in: how many, and how many labelled right
+            # (with the histogram: each class's precision; with these: its recall among them)
+            true_used = data.y_u[used]
+            out["pseudo_label_class_true"] = self._by_class(true_used)
+            out["pseudo_label_class_correct"] = self._by_class(true_used[labels[used] == true_used])
         return out
+
+    def _by_class(self, labels: torch.Tensor) -> list[int]:
+        return torch.bincount(labels, minlength=self.num_classes).tolist()
 
     def debias_prior(self, prior: torch.Tensor) -> torch.Tensor | None:
         """What DPL divides this client's pseudo-labels by, or None (fssl/methods/dpl.py)."""
