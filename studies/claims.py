@@ -44,7 +44,7 @@ from fssl.methods import method_class
 from fssl.pairing import pairable
 from server_app.config import compose
 from server_app.recorder import run_summary
-from studies import factors
+from studies import factors, labelling
 
 # (label, what the number is, larger is better)
 METRICS = [
@@ -86,6 +86,10 @@ CLAIMS = {
         ("FedDB", f"FixMatch, {NATIVE}"),
         ("FedDB", f"FixMatch, {OTHER}"),
         ("FedDB, literal DMA", f"FixMatch, {NATIVE}"),
+    ],
+    # not the paper's: DPL dividing by the server's aggregated APP-U instead of the client's own
+    "The global prior helps": [
+        (f"FixMatch-FedDPL (global prior), {NATIVE}", f"FixMatch-FedDPL, {NATIVE}"),
     ],
 }
 PROJECT = Path(__file__).resolve().parents[1]
@@ -138,16 +142,20 @@ def plan_lines(regimes) -> list[str]:
 
 # the study's rows (conf/comparison/paper.yaml), in the tables' order: FedDB's FixMatch client
 # with and without DPL and DMA, and labels-only FedAvg
-ROWS = ("fedavg", "fixmatch", "fixmatch-feddpl", "feddb-without-dpl", "feddb", "feddb-literal-dma")
+ROWS = (
+    *("fedavg", "fixmatch", "fixmatch-feddpl", "fixmatch-feddpl-global"),
+    *("feddb-without-dpl", "feddb", "feddb-literal-dma"),
+)
 
 
-def switches(row: Row) -> tuple[bool, bool, str | None]:
-    """A row's (DPL, DMA, DMA's mode) as it runs."""
+def switches(row: Row) -> tuple[bool, str | None, bool, str | None]:
+    """A row's (DPL, what DPL divides by, DMA, DMA's mode) as it runs."""
     m = method_yaml(row.method)
     dpl = bool(m.get("dpl")) if row.dpl is None else row.dpl
     dma = bool(m.get("dma")) if row.dma is None else row.dma
     modes = [o.split("=", 1)[1] for o in row.overrides.split() if o.startswith("dma.mode=")]
-    return dpl, dma, (modes[-1] if modes else "softmax") if dma else None
+    prior = (row.prior or "local") if dpl else None
+    return dpl, prior, dma, (modes[-1] if modes else "softmax") if dma else None
 
 
 def labels() -> list[str]:
@@ -156,7 +164,7 @@ def labels() -> list[str]:
     out = []
     for name in ROWS:
         row = table()[name]
-        if name == ROWS[0] or switches(row)[1]:
+        if name == ROWS[0] or switches(row)[2]:
             out.append(row.display)
         else:
             out += [f"{row.display}, {w}" for w in (UNIFORM, SIZES)]
@@ -169,7 +177,8 @@ def label(cfg: dict[str, Any]) -> str:
     if not method_class(cfg["method"]["trainer"]).uses_unlabeled:
         return table()[ROWS[0]].display
     dpl, dma = bool(cfg["dpl"]), bool(cfg["dma"]["enabled"])
-    ran = (dpl, dma, cfg["dma"].get("mode", "softmax") if dma else None)
+    prior = cfg.get("dpl_prior", "local") if dpl else None
+    ran = (dpl, prior, dma, cfg["dma"].get("mode", "softmax") if dma else None)
     row = next(table()[n] for n in ROWS[1:] if switches(table()[n]) == ran)
     if dma:
         return row.display
@@ -274,6 +283,7 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by: dict[tuple[str, str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(r["regime"], r["setting"], r["variant"])][r["seed"]] = r
+    planned = planned_families()
     out = []
     for regime in sorted({r["regime"] for r in runs}):
         family = []
@@ -295,7 +305,7 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "a": a,
                         "b": b,
                         "seeds": seeds,
-                        "primary": rank == 0,
+                        "primary": decides(planned.get(regime), rank, a, b, native),
                         "matched": any(s not in why for s in seeds),
                         "left_out": why,
                         "p_holm": math.nan,
@@ -320,6 +330,26 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for row, adjusted in zip(family, holm([deciding_p(r) for r in family])):
             row["p_holm"] = adjusted
     return out
+
+
+def planned_families() -> dict[str, list[list[str]]]:
+    """The regimes whose plan lists its family's comparisons (fixed before their runs), each
+    with its (a, b) pairs of names, e.g. ["FixMatch-FedDPL", "FixMatch"]."""
+    regimes = plan()["regimes"]
+    return {g: spec["family"] for g, spec in regimes.items() if isinstance(spec["family"], list)}
+
+
+def decides(family: list[list[str]] | None, rank: int, a: str, b: str, native: str) -> bool:
+    """Whether comparison a − b is primary (in its regime's Holm family): one of the plan's pairs
+    (a name stands for the run without DMA under the regime's own weighting too), or, for a
+    regime whose plan lists none, the first of its claim's rows."""
+    if family is None:
+        return rank == 0
+
+    def named(run_label: str, name: str) -> bool:
+        return run_label in (name, f"{name}, {native}")
+
+    return any(named(a, x) and named(b, y) for x, y in family)
 
 
 def collapse_test(ra: dict[int, dict], rb: dict[int, dict], seeds: list[int]) -> dict[str, Any]:
@@ -390,7 +420,8 @@ FAMILY_TEXT = {
 def family_holm(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Each primary, matched comparison's Holm p under each of FAMILIES (NaN outside it), and
     each family's size (its largest group)."""
-    decided = [r for r in rows if r["primary"] and r["matched"]]
+    planned = planned_families()
+    decided = [r for r in rows if r["primary"] and r["matched"] and r["regime"] not in planned]
     out = [dict.fromkeys(FAMILIES, math.nan) for _ in decided]
     sizes = {}
     for name, key in FAMILIES.items():
@@ -412,7 +443,8 @@ def family_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = [
         "## Verdicts under other families",
         "",
-        "The families were chosen after the runs. Holm's p of each primary comparison whose "
+        "The families of the regimes the plan does not list were chosen after the runs. Holm's "
+        "p of each of their primary comparisons whose "
         f"significance (α = {ALPHA}) changes with the family, the families being "
         + "; ".join(f"{n}: {FAMILY_TEXT[n]} ({sizes[n]})" for n in FAMILIES)
         + ". Such a verdict depends on the family.",
@@ -546,11 +578,12 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
         "## Verdicts",
         "",
         "Primary endpoint: final test accuracy. Each claim is decided in each cell by one "
-        "comparison (the first of its rows below: FixMatch under the regime's own weighting), "
-        "a paired t-test over seeds (the exact sign test beside it), or, where the two arms' "
-        "runs split into collapsed and not, Fisher's exact test on the collapse counts; "
-        f"Holm-corrected over the regime's primary comparisons (family-wise α = {ALPHA}); the "
-        "other rows and metrics are secondary.",
+        "comparison (the plan's, where it lists the regime's family; else the first of its "
+        "rows below: FixMatch under the regime's own weighting), a paired t-test over seeds "
+        "(the exact sign test beside it), or, where the two arms' runs split into collapsed and "
+        "not, Fisher's exact test on the collapse counts; Holm-corrected over the regime's "
+        f"primary comparisons (family-wise α = {ALPHA}); the other rows and metrics are "
+        "secondary.",
         "",
         "| claim | " + " | ".join(f"{g}, {s}" for g, s in decided) + " |",
         "|---" * (len(decided) + 1) + "|",
@@ -618,7 +651,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
                     f"{r['collapsed'][0]}; {r['collapsed'][1]} ({p_text(r['p_fisher'])}) |"
                 )
         out += [line for why in left_out_lines(mine) for line in ("", why)]
-        out.append("")
+        out += ["", *labelling.markdown(rs, pairable)]
     return "\n".join(out) + embed(figs)
 
 
@@ -853,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in left_out:
         print(f"[claims] left out {line}", file=sys.stderr)
     selections = [r for r in everything if factors.tuned(r)]
-    cause = [r for r in everything if r["regime"] == factors.CAUSE and not factors.tuned(r)]
+    cause = factors.study_runs([r for r in everything if not factors.tuned(r)])
     runs = [r for r in everything if r["regime"] != factors.CAUSE and not factors.tuned(r)]
     if not everything:
         print(

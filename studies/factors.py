@@ -1,7 +1,8 @@
 """One factor at a time: what makes a regime's runs collapse (`feddb claims`, regime `cause`).
 
-The runs of conf/sweeps/sweep/cause_exact.yaml start from the authors' exact regime and each flips
-one factor (a key of FACTORS) away from the preset's value. Per factor and method: collapsed runs
+The exact point is conf/sweeps/sweep/exact_class.yaml's runs (the preset, in the authors' pool
+order); the runs of cause_exact.yaml were made before the preset took that order, so each is the
+`partition.pool_order=index` cell, with the one factor (a key of FACTORS) it flips besides. Per factor and method: collapsed runs
 out of n with Fisher's exact test against the exact point, the final test accuracy, and the
 paired per-seed difference from the exact point; per factor, DPL's paired effect on FixMatch. Two
 runs of one seed are a pair by fssl/pairing.py's rule, the factor flipped excepted."""
@@ -19,14 +20,35 @@ from fssl.pairing import pairable
 
 CAUSE = "cause"  # the regime directory of the study (conf/sweeps/sweep/cause_exact.yaml: `out`)
 PRESET = "miniature_authors_exact"
-FACTORS = ("train.forward", "model.norm", "train.warmup_rounds", "dataset.num_labeled")
+FACTORS = (
+    *("partition.pool_order", "train.forward", "model.norm", "train.warmup_rounds"),
+    "dataset.num_labeled",
+)
+# the value a factor had before the project had its key: runs made then are read as such
+BUILT_IN = {"partition.pool_order": "index"}
 EXACT = "the exact point"
+# the regime whose runs are also the study's exact point (the exact preset in the authors' pool
+# order, conf/sweeps/sweep/exact_class.yaml: `out`), and the rows of it that are
+EXACT_CLASS, EXACT_ROWS = "exact_class", ("FixMatch", "FixMatch-FedDPL")
 
 
 def lookup(cfg: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
+        if part not in cfg:
+            return BUILT_IN[key]
         cfg = cfg[part]
     return cfg
+
+
+def study_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cause study's runs: the regime `cause`'s, and the FixMatch and FixMatch-FedDPL runs of
+    the exact point in the authors' pool order (regime exact_class)."""
+    return [
+        r
+        for r in runs
+        if r["regime"] == CAUSE
+        or (r["regime"] == EXACT_CLASS and method_of(r["cfg"]) in EXACT_ROWS)
+    ]
 
 
 def factor_of(cfg: dict[str, Any], exact: dict[str, Any]) -> str:
@@ -36,7 +58,9 @@ def factor_of(cfg: dict[str, Any], exact: dict[str, Any]) -> str:
 
 
 def method_of(cfg: dict[str, Any]) -> str:
-    return display_name(cfg["method"]) + ("-FedDPL" if cfg["dpl"] else "")
+    dpl = "-FedDPL" if cfg["dpl"] else ""
+    prior = " (global prior)" if dpl and cfg.get("dpl_prior", "local") == "global" else ""
+    return display_name(cfg["method"]) + dpl + prior
 
 
 def pairs(
@@ -85,7 +109,7 @@ def markdown(runs: list[dict[str, Any]], exact: dict[str, Any]) -> list[str]:
     out = [
         f"## Why FixMatch collapses in the exact regime, one factor at a time ({', '.join(settings)})",
         "",
-        "Each row flips one factor of `experiment=miniature_authors_exact`. Collapsed: one class "
+        "Each row flips the factors it names of `experiment=miniature_authors_exact`. Collapsed: one class "
         "for more than half of the test images at the end; Fisher: two-sided exact test of the "
         "row's collapse count against the exact point's, Holm-corrected over the method's "
         "factors (the question is which factor causes a collapse); the paired difference is over "

@@ -17,6 +17,7 @@ ROWS = {
     "fixmatch": ["method=fixmatch"],
     "fixmatch-uniform": ["method=fixmatch", "server.weighting=uniform"],
     "fixmatch-feddpl": ["method=fixmatch", "dpl=true"],
+    "fixmatch-feddpl-global": ["method=fixmatch", "dpl=true", "dpl_prior=global"],
     "feddb-without-dpl": ["method=feddb", "dpl=false"],
     "feddb": ["method=feddb"],
 }
@@ -124,6 +125,7 @@ def test_claims_are_decided_by_paired_intervals_over_seeds(tmp_path):
         "DPL helps": "fails",
         "DMA helps": "not shown",
         "FedDB beats FixMatch": "fails",
+        "The global prior helps": "–",
     }
     assert "Provenance: 18 complete runs, started at commit abcdef0;" in md  # unfinished: out
     assert "18 runs on CPU, 2 cores, one CPU thread each;" in md
@@ -716,3 +718,96 @@ def test_the_claims_name_their_plan_by_commit_and_each_regimes_family():
     assert lines[1].startswith("- cpu: family fixed after the runs")
     assert lines[2].startswith("- exact_class: family fixed before the runs")
     assert lines[3] == "- newer: not in the plan (its family was not fixed before its runs)."
+
+
+def with_pseudo_labels(run_dir, right):
+    """Gives a fake run's rounds two clients whose pseudo-labels are `right` of 10 for class 0
+    (all 10 of class 1 right), and the partition's pools (client 0 skewed, client 1 not)."""
+    rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
+    for r in rounds:
+        r["clients"] = [
+            {
+                "partition_id": pid,
+                "app_u": [0.5, 0.5],
+                "app_u_global": [0.5, 0.5],
+                "pseudo_label_accuracy": (right + 10) / 20,
+                "pseudo_label_histogram": [right, 20 - right],
+                "pseudo_label_class_true": [10, 10],
+                "pseudo_label_class_correct": [right, 10],
+            }
+            for pid in (0, 1)
+        ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rounds))
+    pools = {"unlabeled": [[90, 10], [50, 50]]}
+    (run_dir / "partition_summary.json").write_text(json.dumps(pools))
+
+
+def test_a_planned_regime_is_decided_by_its_plans_family_and_shows_its_pseudo_labels(tmp_path):
+    """exact_class's family is the plan's three comparisons (studies/plans/claims.yaml), the
+    global prior's included, and nothing else; its cells show the pseudo-labels by class and
+    DPL's effect per client, by the client's skew."""
+    assert claims.planned_families()["exact_class"][2] == [
+        "FixMatch-FedDPL (global prior)",
+        "FixMatch-FedDPL",
+    ]
+    exact = {"regime": "exact_class", "experiment": "miniature_authors_exact", "warmup": 0}
+    for seed in range(3):
+        fake_run(tmp_path, "fedavg", seed, 0.80 + seed / 100, 0.5, 0.14, **exact)
+        d = fake_run(tmp_path, "fixmatch", seed, 0.90 + seed / 200, 0.7, 0.12, **exact)
+        with_pseudo_labels(d, 6)
+        d = fake_run(tmp_path, "fixmatch-feddpl", seed, 0.92 + seed / 150, 0.7, 0.12, **exact)
+        with_pseudo_labels(d, 8)
+        d = fake_run(tmp_path, "fixmatch-feddpl-global", seed, 0.92, 0.7, 0.12, **exact)
+        with_pseudo_labels(d, 8)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "claims.csv").open()))
+    primary = {(r["a"], r["b"]) for r in rows if r["primary"] == "1"}
+    assert primary == {
+        ("FixMatch, uniform", "FedAvg"),
+        ("FixMatch-FedDPL, uniform", "FixMatch, uniform"),
+        ("FixMatch-FedDPL (global prior), uniform", "FixMatch-FedDPL, uniform"),
+    }
+    md = (out / "claims.md").read_text()
+    assert "- exact_class: family fixed before the runs" in md
+    assert "| 0 | 100.0 | 60.0 | 100.0 | 80.0 | 100.0 | 80.0 |" in md  # precision, right on class
+    assert "| 0.8–1.0 | 3 | +10.00 | 3 / 0" in md  # the skewed client, per seed
+    assert "| 0.5–0.8 | 3 | +10.00 | 3 / 0" in md
+    assert "## Verdicts under other families" not in md or "exact_class |" not in md
+
+
+def test_the_exact_point_in_the_authors_order_makes_the_older_runs_the_index_order_cell(tmp_path):
+    """The cause study's exact point is exact_class's FixMatch runs (the preset in the authors'
+    pool order); a cause run made before the project had `partition.pool_order` is read as index
+    order, the factor it then flips besides its own."""
+
+    def old(d):  # written before the key existed
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        del cfg["partition"]["pool_order"]
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    exact = {"warmup": 0, "experiment": "miniature_authors_exact"}
+    for seed in range(3):
+        fake_run(
+            tmp_path,
+            "fixmatch",
+            seed,
+            0.11,
+            0.5,
+            0.9,
+            regime="exact_class",
+            collapsed=True,
+            **exact,
+        )
+        fake_run(tmp_path, "fedavg", seed, 0.80, 0.5, 0.2, regime="exact_class", **exact)
+        old(fake_run(tmp_path, "fixmatch", seed, 0.92, 0.5, 0.2, regime="cause", **exact))
+        extra = {**exact, "extra": ["train.forward=joint"]}
+        old(fake_run(tmp_path, "fixmatch-joint", seed, 0.93, 0.5, 0.2, regime="cause", **extra))
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "claims.md").read_text()
+    section = md[md.index("## Why FixMatch collapses") :]
+    assert "| the exact point | FixMatch | 3 | 3 of 3 |" in section  # exact_class's, not FedAvg
+    assert "| partition.pool_order=index | FixMatch | 3 | 0 of 3 | 0.100 |" in section
+    assert "| partition.pool_order=index, train.forward=joint | FixMatch | 3 | 0 of 3 |" in section
+    assert "FedAvg" not in section.split("## ")[1]
