@@ -46,7 +46,7 @@ from fssl.methods import method_class
 from fssl.methods.fixmatch import FixMatch
 from fssl.pairing import pairable
 from fssl.partition import label_figure_title, plot_label_distribution, scenario_of
-from server_app.recorder import run_summary
+from fssl.record import RoundMetrics, parse_rounds, run_summary
 from server_app.rounds import FAILURE
 from strategy.flower import FLOWER
 
@@ -214,19 +214,14 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
     if not metrics.is_file():
         return None, "unfinished (no metrics.jsonl)"
     cfg = read_file(run_dir / "config.yaml", yaml.safe_load)
-    rounds = read_file(
-        metrics, lambda t: [json.loads(line) for line in t.splitlines() if line.strip()]
-    )
-    if not rounds or rounds[-1]["round"] < cfg["num_rounds"]:
-        done = rounds[-1]["round"] if rounds else 0
+    rounds = read_file(metrics, parse_rounds)
+    if not rounds or rounds[-1].round < cfg["num_rounds"]:
+        done = rounds[-1].round if rounds else 0
         return None, f"unfinished (round {done} of {cfg['num_rounds']})"
     ident = identity.read(run_dir) or recovered(run_dir, cfg)
     summary = run_summary(rounds)
-    pooled = [
-        x["pseudo_label_accuracy_pooled"]
-        for x in rounds
-        if x.get("pseudo_label_accuracy_pooled") is not None
-    ]
+    pooled = [x.pseudo_label_accuracy_pooled for x in rounds]
+    pooled = [v for v in pooled if v is not None]
     return {
         "dir": run_dir,
         "cfg": cfg,
@@ -328,12 +323,12 @@ def lookup_key(cfg: dict[str, Any], dotted: str) -> Any:
     return cfg
 
 
-def method_metrics(rounds: list[dict[str, Any]]) -> dict[str, float]:
+def method_metrics(rounds: list[RoundMetrics]) -> dict[str, float]:
     """A method's own figures (LocalTrainer.client_metrics) in the last round that trained
     clients: each one's mean over those clients."""
-    last = next((r for r in reversed(rounds) if r.get("clients")), None)
+    last = next((r.clients for r in reversed(rounds) if r.clients), [])
     values: dict[str, list[float]] = defaultdict(list)
-    for client in (last or {}).get("clients", []):
+    for client in last:
         for name, value in (client.get("method") or {}).items():
             if value is not None:
                 values[name].append(float(value))
@@ -835,7 +830,7 @@ def series(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
         std = np.nanstd(vals, axis=0) if np.isfinite(vals).any() else np.full(n, np.nan)
-    return np.array([x["round"] for x in runs[0]["rounds"][:n]]), mean, std
+    return np.array([x.round for x in runs[0]["rounds"][:n]]), mean, std
 
 
 def _num(v) -> float:
@@ -914,6 +909,69 @@ def curve_figure(
     return path
 
 
+def dma_entropy(x: RoundMetrics) -> float | None:
+    """The DMA weights' entropy over log(clients): 1 for uniform averaging."""
+    n = len(x.dma["weights"]) if x.dma else 0
+    return x.dma["weight_entropy"] / math.log(n) if n > 1 else None
+
+
+def dma_loss_ratio(x: RoundMetrics) -> float | None:
+    return (
+        x.dma["loss_weights"] / x.dma["loss_uniform"] if x.dma and x.dma["loss_uniform"] else None
+    )
+
+
+# the curves of `feddb report`: (file, panels (title, value of a round, y label), title, runs drawn)
+CURVES = (
+    (
+        "convergence.png",
+        [
+            ("test accuracy", lambda x: x.scores.test_accuracy, "accuracy"),
+            (
+                "collapse signal",
+                lambda x: x.scores.top_class_share,
+                "share of the most-predicted class",
+            ),
+        ],
+        "Convergence: test accuracy of the global model and the share of its most-predicted "
+        "class (mean ± std over seeds; above 0.5 = collapsed)",
+        None,
+    ),
+    (
+        "pseudo_labels.png",
+        [
+            ("pseudo-label accuracy", lambda x: x.pseudo_label_accuracy, "accuracy"),
+            ("pseudo-label ratio", lambda x: x.pseudo_label_ratio, "fraction of unlabeled"),
+        ],
+        "Pseudo-labels: accuracy of the confident labels and their share (mean over clients)",
+        lambda r: r["cfg"]["method"]["trainer"] != "supervised",
+    ),
+    (
+        "js_divergence.png",
+        [
+            ("APP-U vs class accuracy", lambda x: x.js_divergence, "JS divergence (bits)"),
+            (
+                "labeled prior vs class accuracy",
+                lambda x: x.js_divergence_labeled,
+                "JS divergence (bits)",
+            ),
+        ],
+        "Estimated vs true bias (paper fig. 3): JS divergence to the normalised class-wise "
+        "accuracy",
+        None,
+    ),
+    (
+        "dma_weights.png",
+        [
+            ("weight entropy / log(clients)", dma_entropy, "normalised entropy"),
+            ("L(beta) / L(uniform)", dma_loss_ratio, "loss ratio"),
+        ],
+        "DMA weights over rounds (1 = uniform averaging)",
+        lambda r: r["cfg"]["dma"]["enabled"],
+    ),
+)
+
+
 def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -924,80 +982,27 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
     by: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         by[r["setting"]][r["variant"]].append(r)
+    written = [
+        curve_figure(by, col, out / name, panels, title, only)
+        for name, panels, title, only in CURVES
+    ]
+    written.append(class_accuracy_figure(by, col, out / "class_accuracy.png", plt))
+    strategies = strategy_figure(runs, out, plt)
+    if strategies is not None:
+        written.append(strategies)
+    return written
+
+
+def class_accuracy_figure(by: dict[str, dict[str, list[dict]]], col, path: Path, plt) -> Path:
+    """Per setting, the final global model's class-wise test accuracy, a bar per variant."""
     settings = setting_order(by)
-    written = []
-
-    def curves(name: str, panels: list[tuple[str, Any, str]], title: str, only=None) -> None:
-        written.append(curve_figure(by, col, out / name, panels, title, only))
-
-    curves(
-        "convergence.png",
-        [
-            ("test accuracy", lambda x: x["test_accuracy"], "accuracy"),
-            (
-                "collapse signal",
-                lambda x: x.get("top_class_share"),
-                "share of the most-predicted class",
-            ),
-        ],
-        "Convergence: test accuracy of the global model and the share of its most-predicted "
-        "class (mean ± std over seeds; above 0.5 = collapsed)",
-    )
-    curves(
-        "pseudo_labels.png",
-        [
-            ("pseudo-label accuracy", lambda x: x.get("pseudo_label_accuracy"), "accuracy"),
-            ("pseudo-label ratio", lambda x: x.get("pseudo_label_ratio"), "fraction of unlabeled"),
-        ],
-        "Pseudo-labels: accuracy of the confident labels and their share (mean over clients)",
-        only=lambda r: r["cfg"]["method"]["trainer"] != "supervised",
-    )
-    curves(
-        "js_divergence.png",
-        [
-            ("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence (bits)"),
-            (
-                "labeled prior vs class accuracy",
-                lambda x: x.get("js_divergence_labeled"),
-                "JS divergence (bits)",
-            ),
-        ],
-        "Estimated vs true bias (paper fig. 3): JS divergence to the normalised class-wise "
-        "accuracy",
-    )
-    curves(
-        "dma_weights.png",
-        [
-            (
-                "weight entropy / log(clients)",
-                lambda x: (
-                    (x["dma"]["weight_entropy"] / math.log(len(x["dma"]["weights"])))
-                    if x.get("dma") and len(x["dma"]["weights"]) > 1
-                    else None
-                ),
-                "normalised entropy",
-            ),
-            (
-                "L(beta) / L(uniform)",
-                lambda x: (
-                    (x["dma"]["loss_weights"] / x["dma"]["loss_uniform"])
-                    if x.get("dma") and x["dma"]["loss_uniform"]
-                    else None
-                ),
-                "loss ratio",
-            ),
-        ],
-        "DMA weights over rounds (1 = uniform averaging)",
-        only=lambda r: r["cfg"]["dma"]["enabled"],
-    )
-
     fig, axes = _grid(len(settings), plt, width=7.0)
     for ax, s in zip(axes, settings):
         names = variant_order(by[s])
-        k = len(by[s][names[0]][0]["rounds"][-1]["class_accuracy"])
+        k = len(by[s][names[0]][0]["rounds"][-1].scores.class_accuracy)
         width = 0.8 / len(names)
         for i, var in enumerate(names):
-            acc = np.mean([r["rounds"][-1]["class_accuracy"] for r in by[s][var]], axis=0)
+            acc = np.mean([r["rounds"][-1].scores.class_accuracy for r in by[s][var]], axis=0)
             ax.bar(
                 np.arange(k) + (i - (len(names) - 1) / 2) * width,
                 acc,
@@ -1014,13 +1019,9 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
         )
         _legend(ax)
     _title(fig, "Class-wise test accuracy of the final global model (mean over seeds)")
-    fig.savefig(out / "class_accuracy.png", dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    written.append(out / "class_accuracy.png")
-    strategies = strategy_figure(runs, out, plt)
-    if strategies is not None:
-        written.append(strategies)
-    return written
+    return path
 
 
 LABEL_FIGURE = "label_distribution.png"  # written with each run by fssl.partition.save_partition

@@ -17,7 +17,7 @@ PARTITION_KEYS = (
     *("dataset.name", "dataset.num_labeled", "dataset.val_size", "dataset.val_seed"),
     *("partition.", "scenario.", "fl.num_clients"),
 )
-# what the recorder keeps of each warm-up round's global model: equal only for the same model
+# the scores (fssl.record.Scores) of each warm-up round's global model: equal only for the same model
 WARMUP_KEYS = ("test_accuracy", "val_accuracy", "class_accuracy", "top_class_share")
 
 
@@ -54,10 +54,10 @@ def warmup_differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
     warm = a["cfg"]["train"]["warmup_rounds"]
     if warm != b["cfg"]["train"]["warmup_rounds"]:
         return True
-    ka = {r["round"]: r for r in a["rounds"] if r["round"] <= warm}
-    kb = {r["round"]: r for r in b["rounds"] if r["round"] <= warm}
+    ka = {r.round: r.scores for r in a["rounds"] if r.round <= warm}
+    kb = {r.round: r.scores for r in b["rounds"] if r.round <= warm}
     return ka.keys() != kb.keys() or any(
-        ka[n].get(k) != kb[n].get(k) for n in ka for k in WARMUP_KEYS
+        getattr(ka[n], k) != getattr(kb[n], k) for n in ka for k in WARMUP_KEYS
     )
 
 

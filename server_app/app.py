@@ -1,5 +1,5 @@
 """ServerApp: resolves the configuration, writes the run directory, binds nodes to partitions,
-runs the strategy with central evaluation every round, and prints a summary."""
+runs the strategy with central evaluation (evaluation.py) every round, and prints a summary."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from strategy.contract import arrays_to_numpy, numpy_to_arrays
 from strategy.flower import StrategyFailed
 
 from .config import resolve
+from .evaluation import GlobalEvaluation
 from .nodes import RejoinedNodes, bind_partitions, simulated
 from .recorder import RoundRecorder
 from .rounds import FAILURE, RUN_SKIPPED, RoundLoop, RunFailed, failed_before, skipped_note
@@ -104,9 +105,10 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(cfg["seed"])
     np.random.seed(cfg["seed"])
     model = make_model(cfg, ds.num_classes, ds.image_shape[0], method)
-    recorder = RoundRecorder(cfg, ds, model, run_dir, device)
+    evaluation = GlobalEvaluation(cfg, ds, model, device)
+    recorder = RoundRecorder(cfg, evaluation, run_dir)
     idle_cores = threads == 1 and device.type == "cpu"
-    audit = loss_check(cfg, recorder, idle_cores)
+    audit = loss_check(cfg, evaluation, idle_cores)
     setup = server_setup(cfg, ds, part, node_of, simulation, audit, method)
     strategy = make_strategy(cfg, ds.num_classes, setup)
     arrays, first_round = starting_point(model, run_dir, resume_dir, strategy, recorder)
@@ -291,13 +293,15 @@ def fail(run_dir: Path, loop: RoundLoop, recorder: RoundRecorder) -> None:
     raise RunFailed(line + logs)
 
 
-def loss_check(cfg: dict[str, Any], recorder: RoundRecorder, idle_cores: bool) -> dict[str, Any]:
+def loss_check(
+    cfg: dict[str, Any], evaluation: GlobalEvaluation, idle_cores: bool
+) -> dict[str, Any]:
     """The loss check's evaluation for the strategy (server.robust.loss_check): the validation
     loss of a candidate model, on all cores when the clients wait idle meanwhile (a simulation
     on a CPU)."""
     if cfg["server"]["robust"]["loss_check"] is None:
         return {}
-    if not recorder.has_val:
+    if not evaluation.has_val:
         print(
             "[feddb] WARNING: server.robust.loss_check is off in this run: the dataset has no "
             "validation split to check updates on (set dataset.val_size > 0, or "
@@ -305,7 +309,7 @@ def loss_check(cfg: dict[str, Any], recorder: RoundRecorder, idle_cores: bool) -
             flush=True,
         )
         return {}
-    return {"audit": recorder.audit_loss, "audit_workers": cores() if idle_cores else 1}
+    return {"audit": evaluation.audit_loss, "audit_workers": cores() if idle_cores else 1}
 
 
 def save_checkpoint(

@@ -21,6 +21,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
+from fssl.record import RoundMetrics
 from fssl.server_train import ServerLabels
 from strategy import RoundRecord, WeightedAverage
 from strategy.contract import arrays_to_numpy
@@ -58,15 +59,15 @@ def skipped_in(run_dir: str | None) -> str:
     return skipped_note(json.loads(summary.read_text()))
 
 
-def failed_before(history: list[dict[str, Any]]) -> list[str]:
+def failed_before(history: list[RoundMetrics]) -> list[str]:
     """The rounds of a resumed run's metrics that trained no client (records carry `sampled`)."""
     out = []
     for r in history:
-        failures = r.get("failures") or []
-        if r.get("sampled") and len({f["partition_id"] for f in failures}) >= r["sampled"]:
+        failures = r.failures or []
+        if r.sampled and len({f["partition_id"] for f in failures}) >= r.sampled:
             first = failures[0]
             out.append(
-                f"round {r['round']} trained no client (all {r['sampled']} sampled failed; "
+                f"round {r.round} trained no client (all {r.sampled} sampled failed; "
                 f"partition {first['partition_id']}, node {first['node_id']}: {first['reason']})"
             )
     return out

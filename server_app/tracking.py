@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 from fssl.checks import ConfigError
 from fssl.partition import partition_label
+from fssl.record import RoundMetrics
 
 DEFAULT_GROUP = "feddb"  # MLflow's experiment without logging.group
 WANDB_PROJECT = "feddb"
@@ -384,14 +385,14 @@ class Tracking:
         if ids:
             ids_file.write_text(json.dumps(ids, indent=2))
 
-    def log_round(self, record: dict[str, Any], resumed_from: int | None) -> None:
+    def log_round(self, record: RoundMetrics, resumed_from: int | None) -> None:
         if not self.trackers or self.ended:
             return
         if not self.started:
             self.start(resumed_from)
         metrics = round_metrics(record, self.cfg["fl"]["num_clients"])
         for tracker in list(self.trackers):
-            self.call(tracker, "metrics", tracker.log_metrics, metrics, record["round"])
+            self.call(tracker, "metrics", tracker.log_metrics, metrics, record.round)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """The run's end: summary.json's figures, the files, status FINISHED."""
@@ -457,18 +458,17 @@ def scalars(obj: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def round_metrics(record: dict[str, Any], num_clients: int) -> dict[str, float]:
+def round_metrics(record: RoundMetrics, num_clients: int) -> dict[str, float]:
     """A metrics.jsonl record as tracked metrics (the round is the step)."""
-    out = scalars({k: v for k, v in record.items() if k not in ("round", "clients")})
-    clients = record.get("clients") or []
+    out = scalars({k: v for k, v in record.to_dict().items() if k not in ("round", "clients")})
     for key in ("loss_sup", "loss_unsup"):
-        values = [c[key] for c in clients if isinstance(c.get(key), (int, float))]
+        values = [c[key] for c in record.clients if isinstance(c.get(key), (int, float))]
         if values and all(math.isfinite(v) for v in values):
             out[f"train/{key}"] = float(sum(values) / len(values))
-    weights = (record.get("dma") or {}).get("weights") or []
-    if len(weights) == len(clients):  # in the clients' order (by partition id)
+    weights = (record.dma or {}).get("weights") or []
+    if len(weights) == len(record.clients):  # in the clients' order (by partition id)
         width = len(str(max(num_clients - 1, 0)))
-        for c, w in zip(clients, weights):
+        for c, w in zip(record.clients, weights):
             if math.isfinite(w):
                 out[f"dma_weight/client_{c['partition_id']:0{width}d}"] = float(w)
     return out

@@ -42,8 +42,8 @@ from feddb.runlist import write_runs
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl.methods import method_class
 from fssl.pairing import pairable
+from fssl.record import RoundMetrics, run_summary
 from server_app.config import compose
-from server_app.recorder import run_summary
 from studies import factors, labelling
 
 # (label, what the number is, larger is better)
@@ -209,28 +209,29 @@ def ordered(names, order: list[str]) -> list[str]:
     return sorted(set(names), key=lambda n: (order.index(n) if n in order else len(order), n))
 
 
-def semi_rounds(run: dict[str, Any]) -> list[dict[str, Any]]:
+def semi_rounds(run: dict[str, Any]) -> list[RoundMetrics]:
     """The evaluated rounds after the labels-only warm-up."""
     warm = run["cfg"]["train"]["warmup_rounds"]
-    return [r for r in run["rounds"] if r["round"] > warm and r.get("class_accuracy")]
+    return [r for r in run["rounds"] if r.round > warm and r.scores.class_accuracy]
 
 
 def measures(run: dict[str, Any]) -> dict[str, float | None]:
-    last = [r for r in run["rounds"] if r.get("class_accuracy")][-1]
+    last = [r.scores for r in run["rounds"] if r.scores.class_accuracy][-1]
     semi = semi_rounds(run)
     moved = [
         float(np.abs(np.subtract(c["app_u"], c["app_u_global"])).sum())
         for r in semi
-        for c in r.get("clients", [])
+        for c in r.clients
         if len(c.get("app_u", [])) == len(c.get("app_u_global", [])) > 0
     ]
+    ssl = [r.scores for r in semi]
     return {
         "final": run["final"],
         "selected": run["selected"],
-        "worst_final": min(last["class_accuracy"]),
-        "top_final": last["top_class_share"],
-        "worst_ssl": float(np.mean([min(r["class_accuracy"]) for r in semi])) if semi else None,
-        "top_ssl": float(np.mean([r["top_class_share"] for r in semi])) if semi else None,
+        "worst_final": min(last.class_accuracy),
+        "top_final": last.top_class_share,
+        "worst_ssl": float(np.mean([min(r.class_accuracy) for r in ssl])) if ssl else None,
+        "top_ssl": float(np.mean([r.top_class_share for r in ssl])) if ssl else None,
         "app_u_moved": float(np.mean(moved)) if moved else None,
     }
 
@@ -731,12 +732,12 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                 [
                     (
                         "worst class",
-                        lambda x: min(x["class_accuracy"]) if x.get("class_accuracy") else None,
+                        lambda x: min(x.scores.class_accuracy or [None]),
                         "test accuracy of the worst class",
                     ),
                     (
                         "one-class share",
-                        lambda x: x.get("top_class_share"),
+                        lambda x: x.scores.top_class_share,
                         "share of the most-predicted class",
                     ),
                 ],
@@ -753,12 +754,12 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                 [
                     (
                         "pseudo-label accuracy",
-                        lambda x: x.get("pseudo_label_accuracy_pooled"),
+                        lambda x: x.pseudo_label_accuracy_pooled,
                         "accuracy of confident pseudo-labels",
                     ),
                     (
                         "pseudo-label ratio",
-                        lambda x: x.get("pseudo_label_ratio"),
+                        lambda x: x.pseudo_label_ratio,
                         "share confident",
                     ),
                 ],
@@ -772,7 +773,7 @@ def figures(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                 by,
                 col,
                 out / f"{regime}_figure3.png",
-                [("APP-U vs class accuracy", lambda x: x.get("js_divergence"), "JS divergence")],
+                [("APP-U vs class accuracy", lambda x: x.js_divergence, "JS divergence")],
                 f"{regime} regime: the paper's Figure 3 measure, JS divergence between the received "
                 f"model's APP-U and its normalised class-wise accuracy (trailing mean of {SMOOTH} "
                 "rounds)",
@@ -814,14 +815,14 @@ def _rounded(x: Any) -> Any:
     return x
 
 
-def trimmed(record: dict[str, Any]) -> dict[str, Any]:
-    rb, dma = record.get("robust") or {}, record.get("dma")
+def trimmed(record: RoundMetrics) -> dict[str, Any]:
+    rb, dma, line = record.robust or {}, record.dma, record.to_dict()
     return _rounded(
         {
-            **{k: record.get(k) for k in ROUND_KEYS},
+            **{k: line.get(k) for k in ROUND_KEYS},
             "clients": [
                 {k: c.get(k) for k in ("partition_id", "app_u", "app_u_global", "weight")}
-                for c in record.get("clients", [])
+                for c in record.clients
             ],
             "robust": {
                 k: rb[k] for k in ("rule", "clip", "clipped", "dropped", "loss_dropped") if k in rb

@@ -195,7 +195,7 @@ def selection_markdown(runs: list[dict[str, Any]], regime: str) -> list[str]:
     for r in runs:
         row, name, value = tuned(r)
         names.add(name)
-        val = r["rounds"][-1].get("val_accuracy")
+        val = r["rounds"][-1].scores.val_accuracy
         if val is not None:
             by[(r["setting"], row)][value].append(100 * val)
             val_images[(r["setting"], row)] = int(r["cfg"]["dataset"].get("val_size") or 0)

@@ -29,7 +29,7 @@ SKEW_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 1.01))  # the client's largest unlabe
 def semi_clients(run: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """(round, client record) of every client record after the labels-only warm-up."""
     warm = run["cfg"]["train"]["warmup_rounds"]
-    return [(r["round"], c) for r in run["rounds"] if r["round"] > warm for c in r.get("clients")]
+    return [(r.round, c) for r in run["rounds"] if r.round > warm for c in r.clients]
 
 
 def recorded(run: dict[str, Any]) -> bool:

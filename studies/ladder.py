@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from feddb import rows
+from fssl.record import read_rounds, run_summary
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROWS = ("fedavg", "fixmatch", "fixmatch-feddpl", "feddb")  # of conf/comparison/paper.yaml
@@ -179,20 +180,13 @@ def protocol_table(records: list[dict]) -> str:
 
 def late(run_dir: Path) -> float:
     """Largest top-class share over the second half of the rounds (recomputed from the rounds)."""
-    from server_app.recorder import run_summary
-
-    rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    return run_summary(rounds)["max_top_class_share_late"]
+    return run_summary(read_rounds(run_dir))["max_top_class_share_late"]
 
 
 def pseudo_label_accuracy(run_dir: Path) -> float | None:
     """Mean over rounds of the pooled accuracy of the round's confident pseudo-labels."""
-    rounds = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    vals = [
-        r["pseudo_label_accuracy_pooled"]
-        for r in rounds
-        if r.get("pseudo_label_accuracy_pooled") is not None
-    ]
+    vals = [r.pseudo_label_accuracy_pooled for r in read_rounds(run_dir)]
+    vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 

@@ -320,9 +320,9 @@ def test_the_loss_check_drops_the_update_that_raises_the_validation_loss():
     assert keep == [0, 1, 2, 3, 4] and info["loss_dropped"] == []
 
 
-def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path):
+def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz):
     """`workers` > 1 evaluates the candidates at once (the server's idle cores in a simulation);
-    the recorder's audit loss is thread-safe: the same values as one after another."""
+    the evaluation's audit loss is thread-safe: the same values as one after another."""
     import threading
 
     import torch
@@ -330,7 +330,7 @@ def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path)
     from fssl.methods import make_model
     from fssl.runtime import dataset_for
     from server_app.config import resolve
-    from server_app.recorder import RoundRecorder
+    from server_app.evaluation import GlobalEvaluation
     from strategy.robust import loss_check
 
     cfg, _ = resolve(
@@ -339,7 +339,7 @@ def test_the_loss_check_on_threads_gives_the_same_decisions(small_npz, tmp_path)
     ds = dataset_for(cfg)
     torch.manual_seed(0)
     model = make_model(cfg, ds.num_classes, ds.image_shape[0])
-    rec = RoundRecorder(cfg, ds, model, tmp_path, torch.device("cpu"))
+    rec = GlobalEvaluation(cfg, ds, model, torch.device("cpu"))
     g = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(0)
     updates = [

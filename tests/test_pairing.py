@@ -9,6 +9,7 @@ from test_claims import fake_run
 
 from feddb.stats import holm, p_text, paired_test
 from fssl.pairing import pairable
+from fssl.record import RoundMetrics, Scores
 from studies import claims, factors
 
 
@@ -24,8 +25,8 @@ def run(seed=0, device="cpu", warm=(0.5, 0.6), warmup=2, delta=0.1, pool_order="
         "fl": {"num_clients": 20, "fraction_train": 0.5},
         "train": {"warmup_rounds": warmup},
     }
-    rounds = [{"round": r + 1, "test_accuracy": acc} for r, acc in enumerate(warm[:warmup])]
-    rounds.append({"round": warmup + 1, "test_accuracy": 0.9})
+    rounds = [RoundMetrics(r + 1, Scores(test_accuracy=a)) for r, a in enumerate(warm[:warmup])]
+    rounds.append(RoundMetrics(warmup + 1, Scores(test_accuracy=0.9)))
     return {"cfg": cfg, "rounds": rounds, "provenance": {"device": device, "hardware": "X, 2"}}
 
 

@@ -15,9 +15,9 @@ from fssl.data import DataError, Dataset, split_validation
 from fssl.methods import make_model, make_trainer
 from fssl.metrics import prediction_stats
 from fssl.models import build_model
+from fssl.record import RoundMetrics, Scores, run_summary
 from fssl.runtime import client_data_for, data_meta, dataset_for
 from server_app.config import compose
-from server_app.recorder import run_summary
 from strategy import make_strategy
 
 CPU = torch.device("cpu")
@@ -90,15 +90,11 @@ def test_prediction_stats_flags_one_class_and_measures_calibration():
 
 def test_run_summary_selects_by_validation_not_test():
     rounds = [
-        {"round": 1, "test_accuracy": 0.9, "val_accuracy": 0.5, "top_class_share": 0.2},
-        {
-            "round": 2,
-            "test_accuracy": 0.7,
-            "val_accuracy": 0.8,
-            "top_class_share": 0.6,
-            "collapsed": True,
-        },
-        {"round": 3, "test_accuracy": 0.6, "val_accuracy": 0.7, "top_class_share": 0.3},
+        RoundMetrics(1, Scores(test_accuracy=0.9, val_accuracy=0.5, top_class_share=0.2)),
+        RoundMetrics(
+            2, Scores(test_accuracy=0.7, val_accuracy=0.8, top_class_share=0.6, collapsed=True)
+        ),
+        RoundMetrics(3, Scores(test_accuracy=0.6, val_accuracy=0.7, top_class_share=0.3)),
     ]
     s = run_summary(rounds)
     assert s["selected_round"] == 2 and s["selected_test_accuracy"] == 0.7

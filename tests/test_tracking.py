@@ -12,6 +12,7 @@ import pytest
 from localgrid import run_in_process
 
 from fssl.checks import ConfigError
+from fssl.record import RoundMetrics, Scores
 from server_app.config import compose, resolve
 from server_app.tracking import Tracker, Tracking, TrackingError, mlflow_store
 
@@ -231,8 +232,7 @@ def test_a_complete_run_ends_at_its_summary_unless_an_exception_is_on_its_way(
     fake = Fake()
     tracking.trackers.append(fake)
     (tmp_path / "summary.json").write_text("{}")
-    record = {"round": 2, "test_accuracy": 0.5, "clients": [], "dma": None}
-    tracking.log_round(record, None)
+    tracking.log_round(RoundMetrics(2, Scores(test_accuracy=0.5)), None)
     try:
         try:
             if fails:
