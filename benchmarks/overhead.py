@@ -262,7 +262,7 @@ def floor_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=20, help="rounds of each measured run")
     ap.add_argument(
@@ -313,6 +313,29 @@ def main(argv: list[str] | None = None) -> int:
         help="with --aggregation or --floor-only: an experiment preset for the "
         "model (e.g. paper/cifar10_dir0.3: WRN-28-2); default: the default CNN",
     )
+    return ap
+
+
+def aggregation_only(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    """--aggregation: the server's aggregation of synthetic updates alone, timed."""
+    overrides = [f"experiment={args.experiment}"] if args.experiment else []
+    from fssl.checks import ConfigError
+
+    try:
+        seconds, _ = aggregation_seconds(overrides)
+    except ConfigError as err:
+        ap.error(str(err))
+    print(
+        f"server aggregation of {PER_ROUND} synthetic updates "
+        f"({args.experiment or 'the default CNN'}; DMA, norm bound, agreement filter, "
+        f"momentum): median {np.median(seconds) * 1000:.0f} ms, min "
+        f"{min(seconds) * 1000:.0f} ms over {len(seconds)} repeats"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.rounds <= SKIP:
         print(
@@ -333,20 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor_only:
         return floor_only(args)
     if args.aggregation:
-        overrides = [f"experiment={args.experiment}"] if args.experiment else []
-        from fssl.checks import ConfigError
+        return aggregation_only(args, ap)
+    return project_against_floor(args)
 
-        try:
-            seconds, _ = aggregation_seconds(overrides)
-        except ConfigError as err:
-            ap.error(str(err))
-        print(
-            f"server aggregation of {PER_ROUND} synthetic updates "
-            f"({args.experiment or 'the default CNN'}; DMA, norm bound, agreement filter, "
-            f"momentum): median {np.median(seconds) * 1000:.0f} ms, min "
-            f"{min(seconds) * 1000:.0f} ms over {len(seconds)} repeats"
-        )
-        return 0
+
+def project_against_floor(args: argparse.Namespace) -> int:
+    """The project's run with a null trainer and Flower's echo floor, each timed; the table."""
     workers = min(PER_ROUND, os.cpu_count() or 1)  # one CPU per client: clients at a time
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -365,42 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         tops = top_functions(profile) if profile is not None else {}
     p = split(records, workers)
     fl = float(np.mean(floor_seconds[SKIP:]))
-    rows = [
-        ("round (null trainer), wall", p["round"]),
-        ("  clients' own pass for APP-U (sum / clients at a time)", p["client_pass_critical"]),
-        ("  **overhead** = round - that pass", p["overhead"]),
-        (
-            "server's own work, overlapping the clients' (next round's instructions go out first)",
-            p["server_work"],
-        ),
-        ("  configure (instructions)", p["configure"]),
-        (
-            "  aggregation (DMA, defences" + ("" if args.defences else " off") + ", momentum)",
-            p["aggregate"],
-        ),
-        (
-            "    of which the loss check (m + 1 evaluations of 500 validation images)",
-            p["loss_check"],
-        ),
-        (
-            f"  central evaluation (test + validation), every {args.eval_every} round(s)",
-            p["evaluate"],
-        ),
-        ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
-        ("  checkpoint", p["checkpoint_previous_round"]),
-        ("server waiting for replies after its own work", p["communicate"]),
-        ("clients' set-up (config, model, received state, data), sum", p["client_setup_sum"]),
-        ("clients' reply arrays, sum", p["client_reply_sum"]),
-        ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl),
-    ]
-    values = sum(int(np.prod(s)) for s in shapes.values())
-    print(
-        f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
-        f"at a time; means over rounds {SKIP + 1}-{args.rounds}\n"
-    )
-    print("| part | seconds per round |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value:.3f} |")
+    print_parts(p, fl, args.eval_every, args.defences, shapes, workers, args.rounds)
     print(
         f"\noverhead / floor: {p['overhead'] / fl:.2f}x; whole runs: project {t_project:.0f} s, "
         f"floor {t_floor:.0f} s (start-up included)"
@@ -416,6 +396,46 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 0
+
+
+def print_parts(p: dict, fl: float, eval_every: int, defences: bool, shapes, workers, rounds):
+    """The table of a round's parts (seconds per round, means over the rounds after SKIP)."""
+    rows = [
+        ("round (null trainer), wall", p["round"]),
+        ("  clients' own pass for APP-U (sum / clients at a time)", p["client_pass_critical"]),
+        ("  **overhead** = round - that pass", p["overhead"]),
+        (
+            "server's own work, overlapping the clients' (next round's instructions go out first)",
+            p["server_work"],
+        ),
+        ("  configure (instructions)", p["configure"]),
+        (
+            "  aggregation (DMA, defences" + ("" if defences else " off") + ", momentum)",
+            p["aggregate"],
+        ),
+        (
+            "    of which the loss check (m + 1 evaluations of 500 validation images)",
+            p["loss_check"],
+        ),
+        (
+            f"  central evaluation (test + validation), every {eval_every} round(s)",
+            p["evaluate"],
+        ),
+        ("  metrics.jsonl, TensorBoard, progress line", p["record_previous_round"]),
+        ("  checkpoint", p["checkpoint_previous_round"]),
+        ("server waiting for replies after its own work", p["communicate"]),
+        ("clients' set-up (config, model, received state, data), sum", p["client_setup_sum"]),
+        ("clients' reply arrays, sum", p["client_reply_sum"]),
+        ("**Flower's floor**: echo ServerApp/ClientApp, same arrays and federation", fl),
+    ]
+    values = sum(int(np.prod(s)) for s in shapes.values())
+    print(
+        f"{PER_ROUND} of {NODES} clients a round, CNN ({values:,} values a message), {workers} "
+        f"at a time; means over rounds {SKIP + 1}-{rounds}\n"
+    )
+    print("| part | seconds per round |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value:.3f} |")
 
 
 if __name__ == "__main__":

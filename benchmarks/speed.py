@@ -268,7 +268,7 @@ def table(results: dict) -> str:
     )
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train"
@@ -317,7 +317,133 @@ def main() -> int:
         help="only write CIFAR-10's files filled with random images into DIR (for a "
         "timed `feddb run` of a paper preset without the real data), then exit",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def dataset_or_random(cfg: dict, args: argparse.Namespace):
+    """The preset's dataset, or random images of CIFAR-10's shape where it is not here; and
+    what the figures were measured on."""
+    try:
+        ds = load_dataset(cfg["dataset"])
+        return ds, ds.name
+    except Exception as err:  # noqa: BLE001 - no data here: random images of the dataset's shape
+        from fssl.data import Dataset
+
+        shape = (32, 32, 3)
+        rng = np.random.default_rng(0)
+        n = args.clients * (args.labeled + args.unlabeled)
+        ds = Dataset(
+            name=cfg["dataset"]["name"],
+            x_train=rng.integers(0, 256, (n, *shape), np.uint8),
+            y_train=rng.integers(0, 10, n),
+            x_test=np.zeros((1, *shape), np.uint8),
+            y_test=np.zeros(1, np.int64),
+            num_classes=10,
+            mean=(0.4914, 0.4822, 0.4465),
+            std=(0.2471, 0.2435, 0.2616),
+        )
+        return ds, f"random images of CIFAR-10's shape ({type(err).__name__}: no data found)"
+
+
+def augment_speed(cfg: dict, meta: dict, clients: list, device: torch.device) -> dict:
+    """Augmentation alone: weak + strong views of one client's unlabeled images, per second."""
+    x_u = to_nchw(clients[0][2], device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    flip = cfg["dataset"]["flip"]
+    t_proj = timed(
+        lambda: (augment.weak(x_u, flip, gen), augment.strong(x_u, flip, gen)), device, 3
+    )
+    weak_t, strong_t = reference_transforms(cfg, meta)
+    ref_ds_w, ref_ds_s = (PILDataset(clients[0][2], clients[0][3], t) for t in (weak_t, strong_t))
+    t_ref = timed(
+        lambda: (
+            [ref_ds_w[i] for i in range(len(ref_ds_w))],
+            [ref_ds_s[i] for i in range(len(ref_ds_s))],
+        ),
+        device,
+        1,
+    )
+    n_views = 2 * len(x_u)
+    return {"project": n_views / t_proj, "reference": n_views / t_ref}
+
+
+def training_speed(cfg: dict, meta: dict, clients: list, device: torch.device) -> dict:
+    """One local training step (labeled weak + all unlabeled strong, full batch), then one
+    round (every client pseudo-labels its data once and trains E full-batch epochs): the
+    project's against the reference implementation's."""
+    torch.manual_seed(0)
+    model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
+    trainer = make_trainer(cfg, meta["mean"], meta["std"], device)
+    data = [
+        ClientData(
+            to_nchw(a, device),
+            torch.from_numpy(b).to(device),
+            to_nchw(c, device),
+            torch.from_numpy(d).to(device),
+        )
+        for a, b, c, d in clients
+    ]
+    d0 = data[0]
+    opt = trainer.prepare(model, 0.03, seed=0)
+    trainer.lambda_u = cfg["train"]["lambda_u"]  # as fit() sets it after the warm-up
+    prior = torch.full((meta["num_classes"],), 1.0 / meta["num_classes"], device=device)
+    trainer.begin_round(model, d0, trainer.weak_probs(model, d0), prior)
+    lab = torch.arange(len(d0.y_l), device=device)
+    step_imgs = len(d0.y_l) + len(d0.y_u)
+    t_step = timed(lambda: trainer.step(model, opt, d0, lab, None, prior), device, 3)
+    ref = Reference(cfg, meta, device)
+    ref_model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.03, momentum=0.9)
+    x_l, y_l, x_un, y_un = clients[0]
+    weak_t, _ = reference_transforms(cfg, meta)
+    lab_loader = loader(x_l, y_l, weak_t, len(y_l))
+    unl_loader = loader(x_un, y_un.astype(np.int64), ref.fix, len(y_un))
+    t_ref_step = timed(
+        lambda: ref.step(ref_model, ref_opt, next(iter(lab_loader)), next(iter(unl_loader))),
+        device,
+        2,
+    )
+    reset_peak(device)
+
+    def project_round():
+        for c, d in enumerate(data):
+            trainer.fit(model, d, 0.03, seed=c)
+
+    t_round = timed(project_round, device, 1, warmup=device.type == "cuda")
+    mem_project = peak_memory(device)
+    reset_peak(device)
+    t_ref_round = timed(
+        lambda: [ref.round(ref_model, c) for c in clients], device, 1, warmup=device.type == "cuda"
+    )
+    return {
+        "train_step_images_per_s": {
+            "project": step_imgs / t_step,
+            "reference": step_imgs / t_ref_step,
+        },
+        "round_seconds": {"project": t_round, "reference": t_ref_round},
+        "peak_memory": {"project": mem_project, "reference": peak_memory(device)},
+        "speedup_round": t_ref_round / t_round,
+    }
+
+
+def print_flwr(sim: dict | None) -> None:
+    if sim and "error" not in sim:
+        print(
+            f"\nflwr run simulation ({sim['rounds']} rounds, Ray backend): "
+            f"{sim['round_wall_seconds']:.2f} s per round after the first (first "
+            f"{sim['first_round_seconds']:.2f} s); the clients' own training, measured inside "
+            f"the simulation, sums to {sim['client_train_seconds_sum']:.2f} s a round, the "
+            f"slowest client {sim['slowest_client_seconds']:.2f} s, so training takes at least "
+            f"{sim['training_critical_seconds']:.2f} s and Flower, Ray and the server add about "
+            f"{sim['overhead_seconds']:.2f} s per round; the whole launcher took "
+            f"{sim['launcher_seconds']:.0f} s including start-up"
+        )
+    elif sim:
+        print(f"\nflwr run simulation skipped: {sim['error']}")
+
+
+def main() -> int:
+    args = arguments()
     if args.write_random_cifar10:
         print(f"random CIFAR-10 written to {write_random_cifar10(Path(args.write_random_cifar10))}")
         return 0
@@ -343,26 +469,7 @@ def main() -> int:
         ]
         + ([f"dataset.path='{args.data_path}'"] if args.data_path else [])
     )
-    try:
-        ds = load_dataset(cfg["dataset"])
-        source = ds.name
-    except Exception as err:  # noqa: BLE001 - no data here: random images of the dataset's shape
-        from fssl.data import Dataset
-
-        shape = (32, 32, 3)
-        rng = np.random.default_rng(0)
-        n = args.clients * (args.labeled + args.unlabeled)
-        ds = Dataset(
-            name=cfg["dataset"]["name"],
-            x_train=rng.integers(0, 256, (n, *shape), np.uint8),
-            y_train=rng.integers(0, 10, n),
-            x_test=np.zeros((1, *shape), np.uint8),
-            y_test=np.zeros(1, np.int64),
-            num_classes=10,
-            mean=(0.4914, 0.4822, 0.4465),
-            std=(0.2471, 0.2435, 0.2616),
-        )
-        source = f"random images of CIFAR-10's shape ({type(err).__name__}: no data found)"
+    ds, source = dataset_or_random(cfg, args)
     cfg["data_meta"] = meta = data_meta(ds)
     clients = client_images(args, ds)
     print(
@@ -374,81 +481,8 @@ def main() -> int:
         f"{args.unlabeled} unlabeled images per client, model {args.model}"
     )
     results: dict = {"device": str(device), "preset": vars(args), "data": source}
-
-    # augmentation alone: weak + strong views of one client's unlabeled images
-    x_u = to_nchw(clients[0][2], device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    flip = cfg["dataset"]["flip"]
-    t_proj = timed(
-        lambda: (augment.weak(x_u, flip, gen), augment.strong(x_u, flip, gen)), device, 3
-    )
-    weak_t, strong_t = reference_transforms(cfg, meta)
-    ref_ds_w, ref_ds_s = (PILDataset(clients[0][2], clients[0][3], t) for t in (weak_t, strong_t))
-    t_ref = timed(
-        lambda: (
-            [ref_ds_w[i] for i in range(len(ref_ds_w))],
-            [ref_ds_s[i] for i in range(len(ref_ds_s))],
-        ),
-        device,
-        1,
-    )
-    n_views = 2 * len(x_u)
-    results["augment_images_per_s"] = {"project": n_views / t_proj, "reference": n_views / t_ref}
-
-    # one local training step (labeled weak + all unlabeled strong, full batch)
-    torch.manual_seed(0)
-    model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
-    trainer = make_trainer(cfg, meta["mean"], meta["std"], device)
-    data = [
-        ClientData(
-            to_nchw(a, device),
-            torch.from_numpy(b).to(device),
-            to_nchw(c, device),
-            torch.from_numpy(d).to(device),
-        )
-        for a, b, c, d in clients
-    ]
-    d0 = data[0]
-    opt = trainer.prepare(model, 0.03, seed=0)
-    trainer.lambda_u = cfg["train"]["lambda_u"]  # as fit() sets it after the warm-up
-    prior = torch.full((meta["num_classes"],), 1.0 / meta["num_classes"], device=device)
-    trainer.begin_round(model, d0, trainer.weak_probs(model, d0), prior)
-    lab = torch.arange(len(d0.y_l), device=device)
-    step_imgs = len(d0.y_l) + len(d0.y_u)
-    t_step = timed(lambda: trainer.step(model, opt, d0, lab, None, prior), device, 3)
-    ref = Reference(cfg, meta, device)
-    ref_model = make_model(cfg, meta["num_classes"], meta["channels"]).to(device)
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.03, momentum=0.9)
-    x_l, y_l, x_un, y_un = clients[0]
-    lab_loader = loader(x_l, y_l, weak_t, len(y_l))
-    unl_loader = loader(x_un, y_un.astype(np.int64), ref.fix, len(y_un))
-    t_ref_step = timed(
-        lambda: ref.step(ref_model, ref_opt, next(iter(lab_loader)), next(iter(unl_loader))),
-        device,
-        2,
-    )
-    results["train_step_images_per_s"] = {
-        "project": step_imgs / t_step,
-        "reference": step_imgs / t_ref_step,
-    }
-
-    # one round: every client pseudo-labels its data once and trains E full-batch epochs
-    reset_peak(device)
-
-    def project_round():
-        for c, d in enumerate(data):
-            trainer.fit(model, d, 0.03, seed=c)
-
-    t_round = timed(project_round, device, 1, warmup=device.type == "cuda")
-    mem_project = peak_memory(device)
-    reset_peak(device)
-    t_ref_round = timed(
-        lambda: [ref.round(ref_model, c) for c in clients], device, 1, warmup=device.type == "cuda"
-    )
-    results["round_seconds"] = {"project": t_round, "reference": t_ref_round}
-    results["peak_memory"] = {"project": mem_project, "reference": peak_memory(device)}
-    results["speedup_round"] = t_ref_round / t_round
-
+    results["augment_images_per_s"] = augment_speed(cfg, meta, clients, device)
+    results |= training_speed(cfg, meta, clients, device)
     if args.flwr_rounds > 0:
         try:
             import flwr  # noqa: F401
@@ -460,20 +494,7 @@ def main() -> int:
             results["flwr_simulation"] = {"error": "flwr is not installed here"}
 
     print("\n" + table(results))
-    sim = results.get("flwr_simulation")
-    if sim and "error" not in sim:
-        print(
-            f"\nflwr run simulation ({sim['rounds']} rounds, Ray backend): "
-            f"{sim['round_wall_seconds']:.2f} s per round after the first (first "
-            f"{sim['first_round_seconds']:.2f} s); the clients' own training, measured inside "
-            f"the simulation, sums to {sim['client_train_seconds_sum']:.2f} s a round, the "
-            f"slowest client {sim['slowest_client_seconds']:.2f} s, so training takes at least "
-            f"{sim['training_critical_seconds']:.2f} s and Flower, Ray and the server add about "
-            f"{sim['overhead_seconds']:.2f} s per round; the whole launcher took "
-            f"{sim['launcher_seconds']:.0f} s including start-up"
-        )
-    elif sim:
-        print(f"\nflwr run simulation skipped: {sim['error']}")
+    print_flwr(results.get("flwr_simulation"))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

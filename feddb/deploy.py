@@ -407,107 +407,67 @@ class LocalDeployment:
         stop(marked(self.token), grace=5.0)
 
 
-def run_local(
-    nodes: int,
-    workdir: Path,
-    run_config: dict,
-    insecure: bool = False,
-    kill_node_after: float | None = None,
-    kill_after_round: int | None = None,
-    churn: int | None = None,
-    churn_every: tuple[float, float] = (30.0, 90.0),
-    churn_down: tuple[float, float] = (4.0, 12.0),
-    churn_burst: tuple[int, int] = (1, 3),
-    churn_kills: int | None = None,
-    churn_after_round: int | None = None,
-    restart_after_round: int | None = None,
-    state_db: bool = False,
-) -> int:
-    """Credentials, client data files, SuperLink, `nodes` SuperNodes and `flwr run`; exit code.
-    `churn`: a seed; SuperNodes are then killed and restarted at random times (Churn)."""
-    for flag, value in (
-        ("--kill-node-after-round", kill_after_round),
-        ("--churn-after-round", churn_after_round),
-        ("--restart-superlink-after-round", restart_after_round),
-    ):
-        if value is not None and not run_config.get("output-dir"):
-            print(
-                f"error: {flag} needs output-dir in --run-config (where the run's metrics.jsonl "
-                "is watched), e.g. output-dir='runs/drill'",
-                file=sys.stderr,
-            )
-            return 2
-    from server_app.config import resolve
-
-    clients = resolve(run_config)[0]["fl"]["num_clients"]
-    if clients != nodes:  # before any file is written
-        print(
-            f"error: the configuration has {clients} clients (fl.num_clients) but --nodes "
-            f"{nodes}: add overrides='fl.num_clients={nodes}' to --run-config, or start "
-            f"--nodes {clients}",
-            file=sys.stderr,
-        )
+def run_local(args: argparse.Namespace, run_config: dict) -> int:
+    """`deploy local`: credentials, client data files, SuperLink, `--nodes` SuperNodes and
+    `flwr run`; exit code. `--churn`: a seed; SuperNodes are then killed and restarted at
+    random times (Churn)."""
+    every, down = span(args.churn_every, "--churn-every"), span(args.churn_down, "--churn-down")
+    churn_burst = burst(args.churn_burst, args.nodes)
+    nodes, out = args.nodes, run_config.get("output-dir")
+    restart_after = args.restart_superlink_after_round
+    watched = (args.kill_node_after_round, args.churn_after_round, restart_after)
+    problem = drill_refused(watched, run_config, nodes)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    data_files = export_data(run_config, workdir / "data")
-    dep = LocalDeployment(workdir, insecure, state_db or restart_after_round is not None)
+    data_files = export_data(run_config, args.workdir / "data")
+    dep = LocalDeployment(args.workdir, args.insecure, args.state_db or restart_after is not None)
     chaos = None
     method = str(run_config.get("method", ""))
     if ":" in method:  # a user's method by path: these nodes are the user's own
         dep.node_extra = f"allow-methods='{method}'"
+
+    def at_round(n: int | None) -> tuple[int, Path] | None:  # a drill's round and where it shows
+        return None if n is None else (n, Path(out or ".") / "metrics.jsonl")
+
     try:
-        dep.start_superlink()
-        keys = [] if insecure else make_keys(dep.workdir / "keys", nodes)
-        for key in keys:
-            dep.register(key)
-        for i in range(nodes):
-            dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
+        keys = start_nodes(dep, nodes, data_files, args.insecure)
         run_id = dep.submit(run_config)
         print(f"run {run_id} submitted to the SuperLink on 127.0.0.1:{dep.port}", flush=True)
-        metrics = Path(run_config.get("output-dir") or ".") / "metrics.jsonl"
-        if churn is not None:
+        if args.churn is not None:
             chaos = Churn(
                 dep,
                 nodes,
                 data_files,
                 keys,
-                churn,
+                args.churn,
                 dep.workdir / "churn.jsonl",
-                churn_every,
-                churn_down,
+                every,
+                down,
                 burst=churn_burst,
-                max_kills=churn_kills,
-                after_round=None if churn_after_round is None else (churn_after_round, metrics),
+                max_kills=args.churn_kills,
+                after_round=at_round(args.churn_after_round),
             )
             chaos.start()
         status = dep.follow(
             run_id,
-            kill_node_after,
-            None if kill_after_round is None else (kill_after_round, metrics),
-            None if restart_after_round is None else (restart_after_round, metrics),
+            args.kill_node_after,
+            at_round(args.kill_node_after_round),
+            at_round(restart_after),
         )
-        restarted = getattr(dep, "restarts", 0) > 0
-        if restarted and status.get("status") != "finished:completed":
+        if getattr(dep, "restarts", 0) > 0 and status.get("status") != "finished:completed":
             # the ServerApp did not outlive its SuperLink: the documented way on, a run that
             # resumes from the ServerApp's last checkpoint on the same SuperNodes
             print(
                 f"run {run_id} ended as {status.get('status')} with its SuperLink; resuming it "
-                f"from its checkpoint: resume='{run_config['output-dir']}'",
+                f"from its checkpoint: resume='{out}'",
                 flush=True,
             )
-            run_id = dep.submit({"resume": run_config["output-dir"]})
+            run_id = dep.submit({"resume": out})
             status = dep.follow(run_id)
         if chaos is not None:
             print(chaos.stop(), flush=True)
-        failure = Path(run_config.get("output-dir") or ".") / FAILURE
-        if status.get("status") != "finished:completed" and failure.is_file():
-            reason = json.loads(failure.read_text()).get("reason", "")
-            print(f"error: run failed: {reason}", file=sys.stderr)
-            return FAILED_EXIT
-        if not completed(run_id, status):
-            return 1
-        note = skipped_in(run_config.get("output-dir"))  # exit 4: read where the run is known
-        print(f"run {run_id}: {status['status']}" + (f"; {note}" if note else ""), flush=True)
-        return SKIPPED_EXIT if note else 0
+        return run_exit(run_id, status, out)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -516,6 +476,53 @@ def run_local(
             chaos.done.set()
             chaos.thread.join(30)
         dep.close()
+
+
+def drill_refused(watched: tuple, run_config: dict, nodes: int) -> str | None:
+    """Why `deploy local` cannot start, before any file is written: a drill that watches the
+    rounds without output-dir, or --nodes other than the configuration's clients; or None."""
+    flags = ("--kill-node-after-round", "--churn-after-round", "--restart-superlink-after-round")
+    for flag, value in zip(flags, watched):
+        if value is not None and not run_config.get("output-dir"):
+            return (
+                f"{flag} needs output-dir in --run-config (where the run's metrics.jsonl "
+                "is watched), e.g. output-dir='runs/drill'"
+            )
+    from server_app.config import resolve
+
+    clients = resolve(run_config)[0]["fl"]["num_clients"]
+    if clients != nodes:
+        return (
+            f"the configuration has {clients} clients (fl.num_clients) but --nodes "
+            f"{nodes}: add overrides='fl.num_clients={nodes}' to --run-config, or start "
+            f"--nodes {clients}"
+        )
+    return None
+
+
+def start_nodes(dep: LocalDeployment, nodes: int, data_files: list[Path], insecure: bool):
+    """The SuperLink, the nodes' keys registered (unless insecure), and the SuperNodes."""
+    dep.start_superlink()
+    keys = [] if insecure else make_keys(dep.workdir / "keys", nodes)
+    for key in keys:
+        dep.register(key)
+    for i in range(nodes):
+        dep.start_supernode(i, nodes, data_files[i], None if insecure else keys[i])
+    return keys
+
+
+def run_exit(run_id: int, status: dict, out: str | None) -> int:
+    """The exit code of a followed run, as `feddb run` gives it (3 failed, 4 rounds skipped)."""
+    failure = Path(out or ".") / FAILURE
+    if status.get("status") != "finished:completed" and failure.is_file():
+        reason = json.loads(failure.read_text()).get("reason", "")
+        print(f"error: run failed: {reason}", file=sys.stderr)
+        return FAILED_EXIT
+    if not completed(run_id, status):
+        return 1
+    note = skipped_in(out)  # exit 4: read where the run is known
+    print(f"run {run_id}: {status['status']}" + (f"; {note}" if note else ""), flush=True)
+    return SKIPPED_EXIT if note else 0
 
 
 def span(text: str, flag: str, low: float = 0, high: float | None = None, unit=float):
@@ -713,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted_exit(err, out, ["feddb", "deploy", *given])
 
 
-def command(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="CA + server certificate")
@@ -729,7 +736,12 @@ def command(argv: list[str] | None) -> int:
     e = sub.add_parser("export", help="one data file per client")
     e.add_argument("--out", type=Path, required=True, help="directory for the clients' files")
     add_run_config(e)
-    lo = sub.add_parser("local", help="a whole deployment on this machine")
+    local_arguments(sub.add_parser("local", help="a whole deployment on this machine"))
+    return ap
+
+
+def local_arguments(lo: argparse.ArgumentParser) -> None:
+    """`deploy local`'s options: the deployment, its run, and the failure drills."""
     lo.add_argument(
         "--nodes",
         type=int,
@@ -805,23 +817,28 @@ def command(argv: list[str] | None) -> int:
         help="keep the SuperLink's state in <workdir>/superlink-state.db, so that a SuperLink "
         "started again on it carries on (default: in memory, which costs it half the CPU time)",
     )
-    args = ap.parse_args(argv)
 
+
+def refused(args: argparse.Namespace, hosts: list[str]) -> str | None:
+    """What is wrong with the command line before anything starts, in one line; or None."""
+    if args.cmd == "certs" and not hosts:
+        return "--hosts names no host: give the SuperLink's names or addresses"
+    if args.cmd == "local" and args.nodes < 1:
+        return f"--nodes {args.nodes}: start at least one SuperNode"
+    if args.cmd in ("certs", "keys", "export") and args.out.exists() and not args.out.is_dir():
+        return f"--out {args.out} is a file; choose a directory"
+    if args.cmd == "keys" and args.count < 1:
+        return f"--count {args.count}: make at least one key pair"
+    return None
+
+
+def command(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
     sys.path.insert(0, str(PROJECT))
     hosts = [h.strip() for h in getattr(args, "hosts", "").split(",") if h.strip()]
-    if args.cmd == "certs" and not hosts:
-        print(
-            "error: --hosts names no host: give the SuperLink's names or addresses", file=sys.stderr
-        )
-        return 2
-    if args.cmd == "local" and args.nodes < 1:
-        print(f"error: --nodes {args.nodes}: start at least one SuperNode", file=sys.stderr)
-        return 2
-    if args.cmd in ("certs", "keys", "export") and args.out.exists() and not args.out.is_dir():
-        print(f"error: --out {args.out} is a file; choose a directory", file=sys.stderr)
-        return 2
-    if args.cmd == "keys" and args.count < 1:
-        print(f"error: --count {args.count}: make at least one key pair", file=sys.stderr)
+    problem = refused(args, hosts)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.cmd == "certs":
         files = make_certs(args.out, hosts)
@@ -840,22 +857,7 @@ def command(argv: list[str] | None) -> int:
             for file in export_data(run_config, args.out):
                 print(file)
             return 0
-        return run_local(
-            args.nodes,
-            args.workdir,
-            run_config,
-            args.insecure,
-            args.kill_node_after,
-            args.kill_node_after_round,
-            args.churn,
-            span(args.churn_every, "--churn-every"),
-            span(args.churn_down, "--churn-down"),
-            burst(args.churn_burst, args.nodes),
-            args.churn_kills,
-            args.churn_after_round,
-            args.restart_superlink_after_round,
-            args.state_db,
-        )
+        return run_local(args, run_config)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

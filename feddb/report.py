@@ -709,11 +709,8 @@ def strategy_figure(runs: list[dict[str, Any]], out: Path, plt) -> Path | None:
         ax.set_title(sett)
         ax.grid(axis="x", alpha=0.3)
         _legend(ax)
-    _title(fig, "Server strategies on the same clients (dots: seeds; x: collapsed)")
-    path = out / "strategies.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    text = "Server strategies on the same clients (dots: seeds; x: collapsed)"
+    return _save(fig, text, out / "strategies.png", dpi=120)
 
 
 def seed_note(rows: list[dict[str, Any]]) -> str:
@@ -851,12 +848,17 @@ def _legend(ax) -> None:
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
 
 
-def _title(fig, text: str) -> None:
-    """A figure title wrapped to the figure's width."""
+def _save(fig, text: str, path: Path, dpi: int = 110) -> Path:
+    """The figure titled `text` (wrapped to its width), written to `path` and closed."""
     import textwrap
+
+    import matplotlib.pyplot as plt
 
     fig.suptitle(textwrap.fill(text, width=int(fig.get_figwidth() * 11)), fontsize=11)
     fig.tight_layout()
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def trailing_mean(v: np.ndarray, window: int) -> np.ndarray:
@@ -903,10 +905,7 @@ def curve_figure(
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 _legend(ax)
-    _title(fig, title)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, title, path)
 
 
 def dma_entropy(x: RoundMetrics) -> float | None:
@@ -1018,10 +1017,7 @@ def class_accuracy_figure(by: dict[str, dict[str, list[dict]]], col, path: Path,
             ylim=(0, 1.05),
         )
         _legend(ax)
-    _title(fig, "Class-wise test accuracy of the final global model (mean over seeds)")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, "Class-wise test accuracy of the final global model (mean over seeds)", path)
 
 
 LABEL_FIGURE = "label_distribution.png"  # written with each run by fssl.partition.save_partition

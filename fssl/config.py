@@ -451,8 +451,21 @@ def refuse_removed(cfg: dict[str, Any]) -> None:
 
 
 def validate(cfg: dict[str, Any]) -> None:
-    """Check types and ranges of the resolved configuration before anything runs (see above)."""
+    """Check types and ranges of the resolved configuration before anything runs (see above);
+    the first value out of range, in this order, stops it."""
     refuse_removed(cfg)
+    check_run(cfg)
+    check_federation(cfg)
+    check_training(cfg)
+    check_server(cfg)
+    check_partition(cfg)
+    check_model_and_data(cfg)
+    check_method(cfg["method"])
+    check_logging_and_eval(cfg)
+
+
+def check_run(cfg: dict[str, Any]) -> None:
+    """The run itself: seed, rounds, the method's two switches, device, output directory."""
     integer(cfg, "seed", low=0, high=2**32 - 1)  # numpy's seeds are 32-bit
     integer(cfg, "num_rounds", low=1)
     boolean(cfg, "dpl", "dma.enabled")  # the method's two switches
@@ -467,6 +480,9 @@ def validate(cfg: dict[str, Any]) -> None:
     choice(cfg, "device", ("auto", "cpu", "cuda"))
     path_string(cfg, "output_dir")
 
+
+def check_federation(cfg: dict[str, Any]) -> None:
+    """fl.*: the clients, their sampling and how long to wait for them."""
     clients = integer(cfg, "fl.num_clients", low=1)
     number(cfg, "fl.fraction_train", low=0, high=1, open_low=True)
     number(cfg, "fl.fraction_evaluate", low=0, high=1)
@@ -490,6 +506,9 @@ def validate(cfg: dict[str, Any]) -> None:
         )
     integer(cfg, "fl.max_failed_rounds", low=0, default=3)
 
+
+def check_training(cfg: dict[str, Any]) -> None:
+    """train.*, app_u.* and dma.*: the clients' training and the server's DMA."""
     choice(cfg, "train.mode", ("fullbatch", "minibatch"))
     choice(cfg, "train.lr_schedule", ("cosine", "constant"))
     choice(cfg, "train.precision", ("auto", "fp32", "bf16"))
@@ -521,6 +540,9 @@ def validate(cfg: dict[str, Any]) -> None:
     number(cfg, "dma.lr", low=0, open_low=True)
     number(cfg, "dma.cap", low=1, note="(each weight <= cap/m)", nullable="unbounded DMA")
 
+
+def check_server(cfg: dict[str, Any]) -> None:
+    """server.* (the update and its defences) and dp.*."""
     number(cfg, "server.lr", low=0, open_low=True)
     number(cfg, "server.momentum", low=0, high=1, open_high=True)
     choice(cfg, "server.weighting", ("uniform", "samples"))
@@ -551,6 +573,9 @@ def validate(cfg: dict[str, Any]) -> None:
     number(cfg, "dp.clipping_norm", low=0, open_low=True)
     number(cfg, "dp.target_quantile", low=0, high=1, open_low=True, open_high=True)
 
+
+def check_partition(cfg: dict[str, Any]) -> None:
+    """partition.* and the scenario: who holds which images."""
     mode = choice(cfg, "partition.mode", ("iid", "dirichlet", "flwr"))
     if mode == "dirichlet":
         number(
@@ -571,6 +596,9 @@ def validate(cfg: dict[str, Any]) -> None:
     choice(cfg, "partition.pool_order", POOL_ORDERS, default="index")
     check_scenario(cfg)
 
+
+def check_model_and_data(cfg: dict[str, Any]) -> None:
+    """model.* and dataset.*."""
     choice(cfg, "model.name", ("cnn", "wrn28_2"))
     choice(cfg, "model.norm", ("batchstat", "bn", "gn"))
     integer(cfg, "model.width", "model.gn_groups", low=1)
@@ -592,8 +620,9 @@ def validate(cfg: dict[str, Any]) -> None:
     integer(cfg, "dataset.num_labeled", low=1)
     integer(cfg, "dataset.val_size", "dataset.val_seed", low=0, default=0)
 
-    check_method(cfg["method"])
 
+def check_logging_and_eval(cfg: dict[str, Any]) -> None:
+    """logging.*, checkpoint.* and eval.*: what the run writes, and when it evaluates."""
     boolean(cfg, "logging.tensorboard")
     path_string(
         cfg,
