@@ -121,6 +121,7 @@ def test_metrics_jsonl_carries_the_collapse_signal_validation_and_pseudo_label_c
     )
     rounds = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for r in rounds:
+        assert list(RoundMetrics.from_dict(r).to_dict().items()) == list(r.items())  # typed, whole
         assert 0 < r["top_class_share"] <= 1 and 0 <= r["prediction_entropy"] <= np.log2(10)
         assert sum(r["predicted_histogram"]) == 2000 and 0 <= r["ece"] <= 1
         assert 0 <= r["val_accuracy"] <= 1 and r["collapsed"] == (r["top_class_share"] > 0.5)
