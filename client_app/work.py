@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from fssl.methods import is_path, make_trainer
 from fssl.profiling import profiled
 from fssl.runtime import client_data_for, keep_freed_memory, model_for, size_threads
-from fssl.train import client_seed, resolve_device
+from fssl.train import client_device, client_seed
 from fssl.train import evaluate as evaluate_model
 from strategy import contract
 from strategy.contract import arrays_to_torch
@@ -33,7 +33,7 @@ def _setup(msg: Message, context: Context):
     cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
     check_user_method(cfg["method"]["trainer"], context)
     meta = cfg["data_meta"]  # filled in by the ServerApp from its dataset
-    device = resolve_device(cfg["device"])
+    device = client_device(cfg["device"])
     size_threads(device, alone=bool(context.node_config.get("data-path")))
     model = model_for(cfg, device)
     model.load_state_dict(arrays_to_torch(msg.content["arrays"]))

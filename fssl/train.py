@@ -4,6 +4,7 @@ device. The trainer base class is fssl/methods/base.py."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -137,3 +138,10 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+@functools.cache
+def client_device(name: str) -> torch.device:
+    """resolve_device once a process for the ClientApp, which resolves it every round: each
+    torch.cuda.is_available() counts the devices anew."""
+    return resolve_device(name)
