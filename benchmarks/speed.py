@@ -2,6 +2,7 @@
 
     feddb bench                                 # CPU: small sizes, about 2-4 minutes
     feddb bench --device cuda --preset paper   # GPU: the paper's round
+    feddb bench --preset exact                  # the exact regime's round (benchmarks/exact.py)
 
 Both paths train FedDB's client (FixMatch with full-batch steps) on the same client data and model:
 - project: uint8 data resident on the device, batched per-sample augmentation on the device, bf16
@@ -273,7 +274,12 @@ def arguments() -> argparse.Namespace:
     ap.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train"
     )
-    ap.add_argument("--preset", choices=list(PRESETS), help="default: paper on CUDA, small on CPU")
+    ap.add_argument(
+        "--preset",
+        choices=[*PRESETS, "exact"],
+        help="default: paper on CUDA, small on CPU; exact: the authors' exact regime's round "
+        "alone, N at once, and its floor (benchmarks/exact.py)",
+    )
     ap.add_argument("--dataset", help="dataset name (default: the preset's)")
     ap.add_argument(
         "--data-path",
@@ -305,6 +311,11 @@ def arguments() -> argparse.Namespace:
         action="store_true",
         help="run the flwr simulation under NVIDIA MPS (feddb run's --mps)",
     )
+    ap.add_argument("--rounds", type=int, default=6, help="exact: rounds a run")
+    ap.add_argument("--repeats", type=int, default=2, help="exact: runs alone a path")
+    ap.add_argument("--jobs", type=int, default=2, help="exact: runs at once (0: none)")
+    ap.add_argument("--method", default="fixmatch", help="exact: the method")
+    ap.add_argument("--overrides", default="", help="exact: more Hydra overrides for the runs")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument(
         "--keep-run",
@@ -452,6 +463,11 @@ def main() -> int:
         if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         else "cpu"
     )
+    if args.preset == "exact":
+        from benchmarks import exact
+
+        args.device = device.type
+        return exact.main(args)
     preset = PRESETS[args.preset or ("paper" if device.type == "cuda" else "small")]
     for key, value in preset.items():
         if getattr(args, key) is None:

@@ -1,0 +1,204 @@
+"""`feddb bench --preset exact`: the authors' exact regime (full-batch clients, the small CNN) as a
+GPU would need it measured: a round of one run alone, N runs at once, the round's counted FLOPs
+and how far the round sits above its floor at the device's measured rate.
+
+    feddb bench --preset exact                               # CPU, about 5 minutes
+    feddb bench --preset exact --device cuda --jobs 16 --mps --json exact.json
+
+- one run alone: `--rounds` rounds in this process with the fast path and with the reference
+  path (the code before the fast small-model path, `reference_path`), alternately, `--repeats`
+  times each; seconds a round are the median of rounds 2 onwards (round 1 builds caches);
+- N runs at once (`--jobs`): `feddb throughput`'s batch of in-process runs, rounds a second;
+- the round's FLOPs: everything torch computes in a round (the clients' passes and steps, the
+  server's evaluation), counted under FlopCounterMode as a 2-round run less a 1-round run;
+- the floor: those FLOPs at the rate of the model's own training step on the device (one CPU
+  thread, as a simulated client has), and the ratio of the measured round to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from fssl import augment
+
+EXPERIMENT = "miniature_authors_exact"
+METHOD = "fixmatch"
+STEP_BATCH = 256  # about a client's full batch: its labeled and confident unlabeled images
+
+
+def flip_crop_reference(x, flip, gen=None):
+    """fssl.augment.flip_crop before the fast path: advanced indexing over N x H x W."""
+    n, c, h, w = x.shape
+    pad = round(0.125 * min(h, w))
+    mirror = augment._rand(n, gen, x.device) < 0.5 if flip else None
+    if pad == 0:
+        return x if mirror is None else torch.where(mirror[:, None, None, None], x.flip(-1), x)
+    oy = (augment._rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
+    ox = (augment._rand(n, gen, x.device) * (2 * pad + 1)).long().clamp_max(2 * pad)
+    rows = augment._reflect(oy[:, None] + torch.arange(h, device=x.device) - pad, h)
+    cols = augment._reflect(ox[:, None] + torch.arange(w, device=x.device) - pad, w)
+    if mirror is not None:
+        cols = torch.where(mirror[:, None], w - 1 - cols, cols)
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    picked = x.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]
+    return augment.nchw(picked.permute(0, 3, 1, 2))
+
+
+def normalize_reference(x, mean, std, dtype=torch.float32):
+    """fssl.augment.normalize before the fast path: its constants made at every call."""
+    m = torch.tensor(mean, device=x.device, dtype=dtype)[None, :, None, None] * 255
+    s = torch.tensor(std, device=x.device, dtype=dtype)[None, :, None, None] * 255
+    return (x.to(dtype) - m) / s
+
+
+@contextlib.contextmanager
+def reference_path() -> Iterator[None]:
+    """The code before the fast small-model path, patched in for the block: the same results
+    (tests/test_fast_path.py), so the bench can time both side by side."""
+    from client_app import work
+    from fssl.train import resolve_device
+
+    saved = (augment.flip_crop, augment.normalize, work.client_device)
+    augment.flip_crop, augment.normalize = flip_crop_reference, normalize_reference
+    work.client_device = resolve_device
+    try:
+        yield
+    finally:
+        augment.flip_crop, augment.normalize, work.client_device = saved
+
+
+def run_config(rounds: int, out: Path, device: str, method: str, extra: str) -> dict:
+    return {
+        "method": method,
+        "experiment": EXPERIMENT,
+        "num-server-rounds": rounds,
+        "output-dir": str(out),
+        "overrides": f"device={device} logging.tensorboard=false checkpoint.every=0 {extra}",
+    }
+
+
+def round_seconds(run_dir: Path) -> float:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    seconds = [json.loads(line)["round_seconds"] for line in lines if line.strip()]
+    return statistics.median(seconds[1:] or seconds)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """A run's lines and Flower's warnings kept off the bench's output."""
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        flwr_log.setLevel(level)
+
+
+def alone(args, tmp: Path) -> dict[str, list[float]]:
+    """Seconds a round of one in-process run, fast and reference paths alternately."""
+    from feddb.inprocess import run_in_process
+
+    out: dict[str, list[float]] = {"fast": [], "reference": []}
+    for i in range(args.repeats):
+        for path in ("fast", "reference"):
+            run_dir = tmp / f"{path}{i}"
+            rc = run_config(args.rounds, run_dir, args.device, args.method, args.overrides)
+            with reference_path() if path == "reference" else contextlib.nullcontext(), quiet():
+                run_in_process(rc)
+            out[path].append(round_seconds(run_dir))
+    return out
+
+
+def round_flops(args, tmp: Path) -> float:
+    from benchmarks.floor import counted_flops
+
+    def count(rounds: int) -> float:
+        rc = run_config(rounds, tmp / f"flops{rounds}", args.device, args.method, args.overrides)
+        return counted_flops(rc)
+
+    return count(2) - count(1)
+
+
+def step_rate(args) -> float:
+    """FLOP/s of the model's training step (forward and backward) on the device, one CPU
+    thread, over STEP_BATCH images."""
+    from benchmarks.roundfloor import step_rate as rate
+    from server_app.config import compose
+
+    cfg = compose([f"experiment={EXPERIMENT}", f"device={args.device}"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return rate(cfg, args.device, STEP_BATCH, repeat=2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(args) -> dict:
+    from benchmarks.throughput import run_batch
+    from fssl.provenance import provenance
+
+    results: dict = {"preset": "exact", "experiment": EXPERIMENT, "config": vars(args)}
+    results["provenance"] = provenance(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        started = time.perf_counter()
+        results["alone_round_seconds"] = alone(args, tmp_path)
+        extra = f"device={args.device} {args.overrides}"
+        if args.jobs:
+            batch = run_batch(args.jobs, args.rounds, EXPERIMENT, args.method, extra, tmp_path)
+            results["together"] = {"jobs": args.jobs, **batch}
+        results["round_flops"] = round_flops(args, tmp_path)
+        results["step_flops_per_s"] = step_rate(args)
+        results["bench_seconds"] = time.perf_counter() - started
+    fast = statistics.median(results["alone_round_seconds"]["fast"])
+    results["floor_seconds"] = results["round_flops"] / results["step_flops_per_s"]
+    results["over_floor"] = fast / results["floor_seconds"]
+    return results
+
+
+def table(results: dict) -> str:
+    """The figures as one markdown table (printed, and rendered by `feddb tables`)."""
+    alone_s = {k: statistics.median(v) for k, v in results["alone_round_seconds"].items()}
+    rows = [
+        "| measure | value |",
+        "|---|---|",
+        f"| a round, one run alone: fast path | {alone_s['fast']:.3f} s |",
+        f"| a round, one run alone: reference path | {alone_s['reference']:.3f} s "
+        f"({alone_s['reference'] / alone_s['fast']:.2f}×) |",
+    ]
+    together = results.get("together")
+    if together:
+        rows.append(
+            f"| {together['jobs']} runs at once | "
+            f"{together['jobs'] / together['round_seconds']:.2f} rounds/s, "
+            f"{together['round_seconds']:.3f} s a round each |"
+        )
+    rows += [
+        f"| a round's counted work | {results['round_flops'] / 1e9:.1f} GFLOP |",
+        f"| the training step's rate | {results['step_flops_per_s'] / 1e9:.1f} GFLOP/s |",
+        f"| floor at that rate | {results['floor_seconds']:.3f} s a round: the round is "
+        f"**{results['over_floor']:.1f}×** above it |",
+    ]
+    return "\n".join(rows)
+
+
+def main(args) -> int:
+    """`feddb bench --preset exact` (benchmarks/speed.py parses the arguments)."""
+    results = measure(args)
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
