@@ -173,25 +173,19 @@ def table(results: dict) -> str:
     """The figures as one markdown table (printed, and rendered by `feddb tables`)."""
     alone_s = {k: statistics.median(v) for k, v in results["alone_round_seconds"].items()}
     rows = [
-        "| measure | value |",
+        "| a round | seconds |",
         "|---|---|",
-        f"| a round, one run alone: fast path | {alone_s['fast']:.3f} s |",
-        f"| a round, one run alone: reference path | {alone_s['reference']:.3f} s "
-        f"({alone_s['reference'] / alone_s['fast']:.2f}×) |",
+        f"| alone, fast path | {alone_s['fast']:.3f} |",
+        f"| alone, reference path | {alone_s['reference']:.3f} |",
     ]
     together = results.get("together")
     if together:
-        rows.append(
-            f"| {together['jobs']} runs at once | "
-            f"{together['jobs'] / together['round_seconds']:.2f} rounds/s, "
-            f"{together['round_seconds']:.3f} s a round each |"
-        )
-    rows += [
-        f"| a round's counted work | {results['round_flops'] / 1e9:.1f} GFLOP |",
-        f"| the training step's rate | {results['step_flops_per_s'] / 1e9:.1f} GFLOP/s |",
-        f"| floor at that rate | {results['floor_seconds']:.3f} s a round: the round is "
-        f"**{results['over_floor']:.1f}×** above it |",
-    ]
+        rows.append(f"| {together['jobs']} runs at once, each | {together['round_seconds']:.3f} |")
+    rows.append(
+        f"| floor: {results['round_flops'] / 1e9:.1f} GFLOP at the step's "
+        f"{results['step_flops_per_s'] / 1e9:.1f} GFLOP/s | {results['floor_seconds']:.3f} "
+        f"(**{results['over_floor']:.1f}×** below the round) |"
+    )
     return "\n".join(rows)
 
 
