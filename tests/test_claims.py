@@ -809,5 +809,7 @@ def test_the_exact_point_in_the_authors_order_makes_the_older_runs_the_index_ord
     section = md[md.index("## Why FixMatch collapses") :]
     assert "| the exact point | FixMatch | 3 | 3 of 3 |" in section  # exact_class's, not FedAvg
     assert "| partition.pool_order=index | FixMatch | 3 | 0 of 3 | 0.100 |" in section
-    assert "| partition.pool_order=index, train.forward=joint | FixMatch | 3 | 0 of 3 |" in section
+    joint = "| partition.pool_order=index, train.forward=joint | FixMatch | 3 | 0 of 3 | 1.000 |"
+    assert joint in section  # against the index-order point: one factor flipped
+    assert "| 93.00 ± 0.00 | +1.00 [+1.00, +1.00] (sign test p 0.250; 3 pairs) |" in section
     assert "FedAvg" not in section.split("## ")[1]
