@@ -68,19 +68,42 @@ def cosine_lr(base: float, server_round: int, num_rounds: int, schedule: str) ->
     return base * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
-def checked_weights(mask: torch.Tensor, method: str) -> torch.Tensor:
-    """A `select` hook's mask as it is, or its per-image weights once checked to lie in [0, 1]
-    (a float mask that is not is the method's error, named)."""
-    if mask.dtype == torch.bool:
-        return mask
-    if not torch.is_floating_point(mask):
+def checked_targets(
+    targets: torch.Tensor, mask: torch.Tensor, rows: int, num_classes: int, method: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A `select` hook's targets and mask as they are, once checked: hard labels (N, long) or
+    per-image distributions (N x K float, non-negative rows summing to 1), and a mask (N, bool)
+    or per-image weights (N, float in [0, 1]). Anything else is the method's error, named. One
+    host sync where a value needs checking (soft targets, float weights), none otherwise."""
+    soft = torch.is_floating_point(targets)
+    if tuple(targets.shape) != ((rows, num_classes) if soft else (rows,)) or (
+        not soft and targets.dtype != torch.long
+    ):
         raise TypeError(
-            f"{method}.select returned a {mask.dtype} mask: return a bool mask or float weights "
-            "in [0, 1]"
+            f"{method}.select returned targets {targets.dtype}{list(targets.shape)} for {rows} "
+            f"images: return hard labels (N, long) or per-image distributions (N x "
+            f"{num_classes} float, rows summing to 1)"
         )
-    if not bool(((mask >= 0) & (mask <= 1)).all()):
+    weighted = torch.is_floating_point(mask)
+    if tuple(mask.shape) != (rows,) or not (weighted or mask.dtype == torch.bool):
+        raise TypeError(
+            f"{method}.select returned a {mask.dtype}{list(mask.shape)} mask for {rows} images: "
+            "return a bool mask or float weights in [0, 1], one per image"
+        )
+    checks = []
+    if weighted:  # NaN fails both comparisons
+        checks.append(~((mask >= 0) & (mask <= 1)).all())
+    if soft:
+        checks.append(~((targets >= 0).all(1) & ((targets.sum(1) - 1).abs() <= 1e-3)).all())
+    bad = torch.stack(checks).tolist() if checks else []
+    if weighted and bad[0]:
         raise ValueError(f"{method}.select returned weights outside [0, 1] (or NaN)")
-    return mask
+    if soft and bad[-1]:
+        raise ValueError(
+            f"{method}.select returned soft targets with a negative (or NaN) entry or a row that "
+            "does not sum to 1: normalise each image's distribution"
+        )
+    return targets, mask
 
 
 def as_parts(extra: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from pathlib import Path
@@ -141,8 +142,25 @@ def _load_user(spec: str) -> type:
             f"{cls.__mro__[1].__name__} never calls (only FixMatch's round does): subclass "
             "fssl.methods.fixmatch.FixMatch instead"
         )
+    if lacks_idx(cls):
+        raise ConfigError(
+            f"method '{spec}': {cls_name}.unlabeled_loss takes no `idx`, the rows' image indices "
+            "FixMatch's round passes: define it as unlabeled_loss(self, logits, target, mask, "
+            "denom, idx=None)"
+        )
     _USER[spec] = cls
     return cls
+
+
+def lacks_idx(cls: type) -> bool:
+    """A class whose `unlabeled_loss` (written before the hooks received the images' indices)
+    has no `idx` parameter to take them in."""
+    hook = getattr(cls, "unlabeled_loss", None)
+    if hook is None:
+        return False
+    params = inspect.signature(hook).parameters.values()
+    varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return all(p.name != "idx" and p.kind not in varying for p in params)
 
 
 # Hooks only FixMatch's round calls (fssl/methods/fixmatch.py), and the entry points through

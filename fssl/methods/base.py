@@ -23,7 +23,7 @@ from torch import nn
 from .. import augment
 from ..losses import app_u, momentum_update, pseudo_label
 from ..sgd import SGD
-from ..train import ClientData, as_parts, checked_weights, compiled, no_grad_batch
+from ..train import ClientData, as_parts, checked_targets, compiled, no_grad_batch
 from . import dpl
 
 
@@ -70,6 +70,53 @@ class MethodServer:
 
     def load_state(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
         pass
+
+
+class TargetTally:
+    """The pseudo-label figures of the targets training used, summed on the device as they are
+    made (no host sync per step) and read once at the round's end: the ratio is the mean weight
+    (with a mask, the share of kept images), the accuracy each target's correctness (hard: 1 or
+    0; a distribution: its mass on the hidden true class) weighted by it, the count and the
+    histogram (of each target's argmax) those of the rows with a weight above 0, and by true
+    class those rows and those whose (argmax) label is right: with the histogram, each class's
+    precision, with these its recall among them."""
+
+    def __init__(self, num_classes: int, device: torch.device, truth_known: bool) -> None:
+        self.rows, self.truth_known = 0, truth_known
+        self.sums = torch.zeros(4, device=device)  # weight, kept, weight x correct, correct
+        # kept rows by their label; by their true class; by true class, labelled right
+        self.histogram, self.true, self.right = torch.zeros(3, num_classes, device=device)
+
+    def add(self, targets: torch.Tensor, mask: torch.Tensor, truth: torch.Tensor) -> None:
+        weights = mask.float()
+        kept = (weights > 0).float()
+        soft = targets.dim() == 2
+        labels, truth = targets.argmax(1) if soft else targets, truth.clamp_min(0)
+        self.histogram.index_add_(0, labels, kept)
+        self.true.index_add_(0, truth, kept)
+        self.right.index_add_(0, truth, kept * (labels == truth).float())
+        if soft:
+            correct = targets.gather(1, truth[:, None]).squeeze(1).float()
+        else:
+            correct = (targets == truth).float()
+        sums = [weights.sum(), kept.sum(), (correct * weights).sum(), correct.sum()]
+        self.sums += torch.stack(sums)
+        self.rows += len(weights)
+
+    def figures(self) -> dict[str, Any]:
+        weight, kept, weighted, correct = self.sums
+        n_kept = int(kept)
+        out = {
+            "pseudo_label_ratio": float(weight) / max(self.rows, 1),
+            "pseudo_label_count": n_kept,
+            "pseudo_label_histogram": [int(c) for c in self.histogram.tolist()],
+        }
+        if self.truth_known:  # hidden labels known (simulation, exported files)
+            out["pseudo_label_accuracy"] = float(weighted / weight) if n_kept else 0.0
+            out["pseudo_label_accuracy_all"] = float(correct / self.rows) if self.rows else 0.0
+            out["pseudo_label_class_true"] = [int(c) for c in self.true.tolist()]
+            out["pseudo_label_class_correct"] = [int(c) for c in self.right.tolist()]
+        return out
 
 
 class LocalTrainer:
@@ -147,41 +194,26 @@ class LocalTrainer:
     def weak_probs(self, model: nn.Module, data: ClientData) -> torch.Tensor:
         return self.predict(model, augment.weak(data.x_u, self.flip, self.gen))
 
-    def label_stats(
-        self, labels: torch.Tensor, mask: torch.Tensor, data: ClientData
-    ) -> dict[str, float]:
-        """The pseudo-labels' share of the loss and their accuracy against the hidden true labels,
-        for a mask or per-image weights alike: the ratio is the mean weight (with a mask, the
-        share of confident images), the accuracy weighted by it, the count and the histogram
-        those of the images with a weight above 0."""
-        weights = mask.float()
-        used = weights > 0
-        n_used = int(used.sum())
-        out = {
-            "pseudo_label_ratio": float(weights.sum()) / max(len(mask), 1),
-            "pseudo_label_count": n_used,
-            # classes of the pseudo-labels that weigh in the loss
-            "pseudo_label_histogram": self._by_class(labels[used]),
-        }
-        if bool((data.y_u >= 0).all()):  # hidden labels known (simulation, exported files)
-            correct = (labels == data.y_u).float()
-            if not n_used:
-                accuracy = 0.0
-            elif mask.dtype == torch.bool:  # as before weights: the mean over the kept images
-                accuracy = float(correct[mask].mean())
-            else:
-                accuracy = float((correct * weights).sum() / weights.sum())
-            out["pseudo_label_accuracy"] = accuracy
-            out["pseudo_label_accuracy_all"] = float(correct.mean()) if len(mask) else 0.0
-            # by true class, over the images that weigh in: how many, and how many labelled right
-            # (with the histogram: each class's precision; with these: its recall among them)
-            true_used = data.y_u[used]
-            out["pseudo_label_class_true"] = self._by_class(true_used)
-            out["pseudo_label_class_correct"] = self._by_class(true_used[labels[used] == true_used])
-        return out
+    def new_tally(self, data: ClientData) -> TargetTally:
+        return TargetTally(self.num_classes, data.y_u.device, bool((data.y_u >= 0).all()))
 
-    def _by_class(self, labels: torch.Tensor) -> list[int]:
-        return torch.bincount(labels, minlength=self.num_classes).tolist()
+    def count_targets(
+        self, targets: torch.Tensor, mask: torch.Tensor, idx: torch.Tensor, data: ClientData
+    ) -> None:
+        """Add targets that train (of the unlabeled images `idx`) to the round's pseudo-label
+        figures (`TargetTally`), which fit reports."""
+        if self.tally is None:
+            self.tally = self.new_tally(data)
+        self.tally.add(targets, mask, data.y_u[idx])
+
+    def label_stats(
+        self, targets: torch.Tensor, mask: torch.Tensor, data: ClientData
+    ) -> dict[str, Any]:
+        """The pseudo-label figures (`TargetTally`) of one set of targets for all unlabeled
+        images: hard labels or distributions, with a mask or per-image weights."""
+        tally = self.new_tally(data)
+        tally.add(targets, mask, data.y_u)
+        return tally.figures()
 
     def debias_prior(self, prior: torch.Tensor) -> torch.Tensor | None:
         """What DPL divides this client's pseudo-labels by, or None (fssl/methods/dpl.py)."""
@@ -194,16 +226,16 @@ class LocalTrainer:
         idx: torch.Tensor | None = None,
         learn: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hard pseudo-labels and their mask for weak-view probabilities `probs` of the unlabeled
-        images `idx`: DPL first, then the method's `select`. `learn`: the labels train the model
-        (not the metrics-only pass of a round whose labels are made online), so a method may
-        update what it tracks."""
+        """Pseudo-label targets (hard labels or distributions) and their mask or weights for
+        weak-view probabilities `probs` of the unlabeled images `idx`: DPL first (so a method
+        sharpens or thresholds the debiased distribution), then the method's `select`, checked.
+        `learn`: the targets train the model, so a method may update what it tracks."""
         debias_by = self.debias_prior(prior)
         raw = probs
         if debias_by is not None:
             probs = dpl.debias(probs, debias_by, self.cfg["app_u"]["eps"])
-        labels, mask = self.select(probs, idx, learn, raw)
-        return labels, checked_weights(mask, type(self).__name__)
+        targets, mask = self.select(probs, idx, learn, raw)
+        return checked_targets(targets, mask, len(probs), probs.shape[1], type(self).__name__)
 
     def select(
         self,
@@ -214,11 +246,12 @@ class LocalTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The pseudo-labelling rule (a hook): from `probs` (N x K, DPL-debiased when DPL is on;
         `raw`: the model's own probabilities, which a method's estimates of the model track;
-        None: `probs` are raw) of the unlabeled images `idx` (None: all of them), the hard labels
-        (N, long) and either a mask (N, bool: which labels train) or per-image weights (N,
-        float in [0, 1]: how much each label's loss counts, SoftMatch's). `learn`: these labels
-        train the model, so the method may update what it tracks. Here argmax labels, kept where
-        max p >= tau."""
+        None: `probs` are raw) of the unlabeled images `idx` (None: all of them), the targets,
+        hard labels (N, long) or per-image distributions (N x K float, rows summing to 1: soft
+        targets, UDA's), and either a mask (N, bool: which targets train) or per-image weights
+        (N, float in [0, 1]: how much each target's loss counts, SoftMatch's). `learn`: these
+        targets train the model, so the method may update what it tracks (per image: by `idx`).
+        Here argmax labels, kept where max p >= tau."""
         return pseudo_label(probs, self.tr["tau"])
 
     def labels_only(self, data: ClientData) -> bool:
@@ -240,7 +273,9 @@ class LocalTrainer:
     def begin_round(
         self, model: nn.Module, data: ClientData, probs_u: torch.Tensor, prior: torch.Tensor
     ) -> dict[str, float]:
-        """Called once with the received model's weak-view probabilities and APP-U."""
+        """Called once a round before the local epochs, with the received model's weak-view
+        probabilities and APP-U; not in warm-up rounds (lambda_u = 0: labels only, no hook of
+        the unlabeled part runs). Returns figures for the round's record."""
         return {}
 
     def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -256,9 +291,9 @@ class LocalTrainer:
         return {"optimizer": self.momentum_out}
 
     def client_metrics(self) -> dict[str, float]:
-        """The method's own figures of this client's round (a hook): up to 16 names (letters,
-        digits, `_`, `.`, `-`) to numbers, kept per client in metrics.jsonl (`method`) and
-        averaged in `feddb report`'s tables. None here."""
+        """The method's own figures of this client's round (a hook, after every round, warm-up
+        ones included): up to 16 names (letters, digits, `_`, `.`, `-`) to numbers, kept per
+        client in metrics.jsonl (`method`) and averaged in `feddb report`'s tables. None here."""
         return {}
 
     def unlabeled_count(self, data: ClientData) -> int:
@@ -281,6 +316,7 @@ class LocalTrainer:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rng = np.random.default_rng(seed)  # host-side draws (e.g. mixup lambda)
         self.received = received or {}
+        self.tally: TargetTally | None = None  # the round's pseudo-label figures (count_targets)
         client_state = client_state or {}
         self.load_client_state(client_state)
         momentum = client_state.get("optimizer") if self.tr["optimizer_state"] == "client" else None
@@ -368,6 +404,8 @@ class LocalTrainer:
                 "train_seconds": time.perf_counter() - t0,
             }
         )
+        if self.tally is not None:  # read once, at the round's end
+            metrics.update(self.tally.figures())
         own = self.client_metrics()
         if own:
             metrics["method"] = {str(k): float(v) for k, v in own.items()}

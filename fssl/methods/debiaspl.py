@@ -63,5 +63,5 @@ class DebiasPL(FixMatch):
             self.q_hat = m * self.q_hat + (1 - m) * (probs if raw is None else raw).mean(0)
         return labels, conf >= self.tr["tau"]
 
-    def unlabeled_loss(self, logits, target, mask, denom):
-        return super().unlabeled_loss(logits + self.margin, target, mask, denom)
+    def unlabeled_loss(self, logits, target, mask, denom, idx=None):
+        return super().unlabeled_loss(logits + self.margin, target, mask, denom, idx)

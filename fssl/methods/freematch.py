@@ -80,8 +80,8 @@ class FreeMatch(FixMatch):
         scaled = e["p_model"] / e["p_model"].max()
         return labels, conf >= e["time_p"] * scaled[labels]
 
-    def unlabeled_loss(self, logits, target, mask, denom):
-        loss = super().unlabeled_loss(logits, target, mask, denom)
+    def unlabeled_loss(self, logits, target, mask, denom, idx=None):
+        loss = super().unlabeled_loss(logits, target, mask, denom, idx)
         weight = self.cfg["method"]["lambda_f"]
         kept = logits if mask is None else logits[mask.bool()]
         if weight == 0 or len(kept) == 0:
