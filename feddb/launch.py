@@ -488,6 +488,10 @@ def flwr_run(
     try:
         started = start_run(cmd, env)
         stage.cleanup()  # the SuperLink holds the FAB now
+        if NO_SUPERLINK in started.stdout + started.stderr:  # Flower starts it by name
+            where = f"{Path(flwr_exe()).parent} (the bin of Flower's environment)"
+            print(f"error: no `flower-superlink` on PATH: put {where} on it", file=sys.stderr)
+            return 2
         try:
             run_id = json.loads(started.stdout[started.stdout.find("{") :])["run-id"]
         except (ValueError, KeyError):
@@ -521,6 +525,7 @@ def flwr_run(
 
 
 SUPERLINK_LATE = "Failed to start local SuperLink within"
+NO_SUPERLINK = "No such file or directory: 'flower-superlink'"
 
 
 def start_run(cmd: list[str], env: dict, tries: int = 3) -> subprocess.CompletedProcess:

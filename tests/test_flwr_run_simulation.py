@@ -352,3 +352,21 @@ def test_bad_input_stops_before_anything_starts(tmp_path, run_config, message, m
     assert main(["--run-config", on_small_data(run_config)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "flwr-home").exists()  # no SuperLink, no run
+
+
+def test_flower_without_its_bin_on_path_is_told_what_to_put_there(tmp_path, monkeypatch, capsys):
+    """Flower starts its local SuperLink by name, from PATH: with the `flwr` of an environment
+    whose bin is not on PATH, the launcher says which directory to put there and exits 2."""
+    from feddb.launch import flwr_run
+
+    bin_dir = tmp_path / "bin"  # the launcher's interpreter and `flwr`, without flower-superlink
+    bin_dir.mkdir()
+    (bin_dir / "flwr").symlink_to(Path(sys.executable).with_name("flwr"))
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    assert flwr_run(PROJECT, {"num-supernodes": 1}, show=False) == 2
+    assert capsys.readouterr().err == (
+        f"error: no `flower-superlink` on PATH: put {bin_dir} (the bin of Flower's environment) "
+        "on it\n"
+    )
