@@ -220,8 +220,8 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
         return None, f"unfinished (round {done} of {cfg['num_rounds']})"
     ident = identity.read(run_dir) or recovered(run_dir, cfg)
     summary = run_summary(rounds)
-    pooled = [x.pseudo_label_accuracy_pooled for x in rounds]
-    pooled = [v for v in pooled if v is not None]
+    made = [x for x in rounds if x.pseudo_label_accuracy_pooled is not None]
+    pooled = [x.pseudo_label_accuracy_pooled for x in made]  # rounds that made pseudo-labels
     return {
         "dir": run_dir,
         "cfg": cfg,
@@ -243,6 +243,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
         "collapsed": summary["collapsed"],
         "max_top_class_share": summary["max_top_class_share_late"],
         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
+        "pl_ratio": float(np.mean([x.pseudo_label_ratio or 0.0 for x in made])) if made else None,
         "method_metrics": method_metrics(rounds),
         "provenance": read_file(prov, json.loads)
         if (prov := run_dir / "provenance.json").is_file()
@@ -482,6 +483,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "collapsed": sum(r["collapsed"] for r in rs),
                 "max_top_class_share": max((r["max_top_class_share"] or 0) for r in rs),
                 "pl_accuracy": [r["pl_accuracy"] for r in rs if r["pl_accuracy"] is not None],
+                "pl_ratio": [r["pl_ratio"] for r in rs if r["pl_ratio"] is not None],
                 "best": [r["best"] for r in rs],
                 "final": [r["final"] for r in rs],
                 "selected": [r["selected"] for r in rs],
@@ -539,13 +541,14 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
             "### Confident pseudo-labels and the collapse signal",
             "",
             "| setting | method | confident pseudo-labels correct, % (mean over rounds) | "
-            "largest top-class share of test predictions, second half of the rounds | "
-            "collapsed runs |",
-            "|---|---|---|---|---|",
+            "pseudo-label ratio, % (same rounds) | largest top-class share of test "
+            "predictions, second half of the rounds | collapsed runs |",
+            "|---|---|---|---|---|---|",
         ]
         for r in sorted(semi, key=lambda r: (r["setting"], variant_rank(r["variant"]))):
             out.append(
                 f"| {r['setting']} | {r['variant']} | {fmt(r['pl_accuracy'])} | "
+                f"{fmt(r['pl_ratio'])} | "
                 f"{r['max_top_class_share']:.2f} | {r['collapsed']} of {len(r['seeds'])} |"
             )
         pl_pairs = [
