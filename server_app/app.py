@@ -124,12 +124,19 @@ def main(grid: Grid, context: Context) -> None:
     print_done(recorder.summary(), run_dir, context)
 
 
+# config.yaml holds each switch twice: what the run used, and the method's default beside it
+CONFIG_HEAD = (
+    "# The run's resolved configuration. It ran with DPL as `dpl` says and DMA as `dma.enabled`\n"
+    "# says; `method.dpl` and `method.dma` are only the method's defaults (they name its variant).\n"
+)
+
+
 def open_run_dir(cfg: dict[str, Any], context: Context, resume_dir: Path | None) -> Path:
     """The run directory, its configuration and provenance written when the run is new; the
     run's one-line description and the warm-up warning printed."""
     run_dir = resume_dir or run_dir_for(cfg)
     if resume_dir is None:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        (run_dir / "config.yaml").write_text(CONFIG_HEAD + yaml.safe_dump(cfg, sort_keys=False))
         (run_dir / "run_config.json").write_text(json.dumps(dict(context.run_config), indent=2))
         (run_dir / "provenance.json").write_text(json.dumps(provenance(cfg["device"]), indent=2))
     print(
