@@ -495,10 +495,8 @@ def flwr_run(
         try:
             run_id = json.loads(started.stdout[started.stdout.find("{") :])["run-id"]
         except (ValueError, KeyError):
-            print(
-                f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}",
-                file=sys.stderr,
-            )
+            err = f"error: `flwr run` did not start a run:\n{started.stdout}{started.stderr}"
+            print(err, file=sys.stderr)
             return 1
         if watch is not None:
             threading.Thread(
@@ -536,11 +534,8 @@ def start_run(cmd: list[str], env: dict, tries: int = 3) -> subprocess.Completed
     for attempt in range(2, tries + 1):
         if SUPERLINK_LATE not in started.stdout + started.stderr:
             break
-        print(
-            "[launch] Flower's local SuperLink did not start within its 15 s (a busy machine); "
-            f"starting it again ({attempt}/{tries})",
-            flush=True,
-        )
+        late = "[launch] Flower's local SuperLink did not start within its 15 s (a busy machine)"
+        print(f"{late}; starting it again ({attempt}/{tries})", flush=True)
         started = flwr(cmd, env, capture=True)
     return started
 
