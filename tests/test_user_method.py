@@ -1,8 +1,10 @@
-"""A user's method by path (the worked example in docs/examples/, a soft-weighting method): loaded by
-file or module with its class's defaults and no YAML, checked before anything runs, trained by the
-project's clients in the in-process engine, through a real `flwr run` started from a directory
-outside the project, and through a sweep beside FixMatch and its report; its own per-client figure
-reaches metrics.jsonl and the report."""
+"""A user's method by path (the worked examples in docs/examples/: a soft-weighting method, and a
+soft-target one with per-image state): loaded by file or module with its class's defaults and no
+YAML, checked before anything runs, trained by the project's clients in the in-process engine
+(pseudo-labels online, DPL and DMA on), through a real `flwr run` started from a directory outside
+the project (pseudo-labels once a round, DPL on), and through a sweep of the two and its report;
+their own per-client figures and a non-zero pseudo-label ratio reach metrics.jsonl and the
+report."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from itertools import takewhile
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ from server_app.config import compose
 PROJECT = Path(__file__).resolve().parents[1]
 EXAMPLE = PROJECT / "docs" / "examples" / "confidence_weighted.py"
 SPEC = f"{EXAMPLE}:ConfidenceWeighted"
+SOFT = PROJECT / "docs" / "examples" / "soft_targets.py"
 
 
 def user_cfg(*extra: str) -> dict:
@@ -72,23 +76,27 @@ def test_its_own_parameters_are_checked_and_its_weights_change_training():
     assert fit(plain)["loss_unsup"] != weighted["loss_unsup"]
 
 
-def test_a_user_method_runs_in_the_in_process_engine_with_dpl_and_dma(tmp_path, monkeypatch):
-    """`feddb local` from the user's own directory, the method imported as a module there."""
+def test_a_soft_target_method_runs_in_the_in_process_engine_with_dpl_and_dma(tmp_path, monkeypatch):
+    """`feddb local` from the user's own directory, the method imported as a module there; its
+    targets made online (its default), its record per image kept across its rounds."""
     from feddb.inprocess import main as local_main
 
-    method = outside(tmp_path)
+    method = outside(tmp_path, SOFT)
     monkeypatch.chdir(method.parent)
     monkeypatch.syspath_prepend(str(method.parent))
     out = tmp_path / "run"
     rc = (
-        "method='my_method:ConfidenceWeighted' dpl=true dma=true num-server-rounds=2 "
+        "method='my_method:SharpenedTargets' dpl=true dma=true num-server-rounds=2 "
         f"output-dir='{out}' overrides='{' '.join(TINY)} train.warmup_rounds=1'"
     )
     assert local_main(["--run-config", rc]) == 0
     rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2] and rounds[1]["dma"]  # DMA composes with it
-    assert rounds[0]["clients"][0]["method"] == {}  # the warm-up round makes no labels
-    assert all(0 < c["method"]["mean_weight"] < 1 for c in rounds[1]["clients"])
+    assert rounds[0]["clients"][0]["method"] == {}  # the warm-up round makes no targets
+    assert rounds[0]["pseudo_label_ratio"] == 0 and rounds[1]["pseudo_label_ratio"] > 0
+    for c in rounds[1]["clients"]:  # its figures: of the round's steps, and of its images
+        assert c["pseudo_label_ratio"] > 0 and 0 < c["method"]["ever_kept"] <= 1
+        assert 0 < c["method"]["target_entropy"] < 2.31  # sharpened: below log(10)
 
 
 def user_env(tmp_path: Path) -> dict[str, str]:
@@ -105,23 +113,27 @@ def user_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def outside(tmp_path: Path) -> Path:
-    """The example copied into the user's own directory, not the project's."""
+def outside(tmp_path: Path, example: Path = EXAMPLE, name: str = "my_method") -> Path:
+    """An example copied into the user's own directory, not the project's."""
     mine = tmp_path / "my_project"
-    mine.mkdir()
-    shutil.copy(EXAMPLE, mine / "my_method.py")
-    return mine / "my_method.py"
+    mine.mkdir(exist_ok=True)
+    shutil.copy(example, mine / f"{name}.py")
+    return mine / f"{name}.py"
 
 
 @pytest.mark.slow
-def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path):
-    method = outside(tmp_path)
+def test_a_soft_target_method_trains_through_flwr_run_from_outside_the_project(tmp_path):
+    """Its targets made once a round from the received model (three epochs a round: an averaged
+    model is confident enough for some), DPL dividing them before they are sharpened; its
+    declared key set without `+`."""
+    method = outside(tmp_path, SOFT)
     out = tmp_path / "run"
     env = user_env(tmp_path)
     rc = (
-        f"method='{method}:ConfidenceWeighted' num-server-rounds=1 "
+        f"method='{method}:SharpenedTargets' dpl=true num-server-rounds=2 "
         f"output-dir='{out}' overrides='fl.num_clients=2 fl.fraction_train=1.0 "
-        "dataset.num_labeled=200 train.warmup_rounds=0 +method.power=3'"
+        "dataset.num_labeled=200 train.warmup_rounds=1 train.local_epochs=3 train.tau=0.4 "
+        "method.temperature=0.5 method.pseudo_labels=round'"
     )
     flwr = str(Path(sys.executable).parent / "flwr")
     try:
@@ -139,20 +151,26 @@ def test_a_user_method_trains_through_flwr_run_from_outside_the_project(tmp_path
     log = res.stdout[-3000:] + res.stderr[-3000:]
     assert (out / "metrics.jsonl").is_file(), log  # (`flwr run --stream` exits 0 on failure too)
     rounds = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [1] and len(rounds[0]["clients"]) == 2, log
-    assert all(0 < c["method"]["mean_weight"] < 1 for c in rounds[0]["clients"])
+    assert [r["round"] for r in rounds] == [1, 2] and len(rounds[1]["clients"]) == 2, log
+    for c in rounds[1]["clients"]:
+        assert c["pseudo_label_ratio"] > 0 and 0 < c["method"]["ever_kept"] <= 1
     import yaml
 
-    saved = yaml.safe_load((out / "config.yaml").read_text())["method"]
-    assert saved["name"] == "ConfidenceWeighted" and saved["power"] == 3
-    assert saved["pseudo_labels"] == "online"
+    text = (out / "config.yaml").read_text()
+    saved = yaml.safe_load(text)
+    assert saved["method"]["name"] == "SharpenedTargets" and saved["method"]["temperature"] == 0.5
+    assert saved["method"]["pseudo_labels"] == "round" and saved["train"]["tau"] == 0.4
+    # DPL ran; the method's own default (off) beside it, and the file says which is which
+    assert saved["dpl"] is True and saved["method"]["dpl"] is False
+    assert text.startswith("# The run's resolved configuration. It ran with DPL as `dpl` says")
 
 
-def test_a_sweep_runs_a_method_by_path_beside_fixmatch_and_the_report_names_it(tmp_path):
-    """`feddb sweep` takes the method's path as a row (in process, from outside the project), and
-    `feddb report` names its runs by the class's display name and tables its own figure."""
-    method = outside(tmp_path)
-    spec = f"{method}:ConfidenceWeighted"
+def test_a_sweep_runs_methods_by_path_side_by_side_and_the_report_names_them(tmp_path):
+    """`feddb sweep` takes the methods' paths as rows (in process, from outside the project), and
+    `feddb report` names their runs by the classes' display names and tables their own figures
+    and pseudo-label ratios."""
+    weighted = f"{outside(tmp_path)}:ConfidenceWeighted"
+    soft = f"{outside(tmp_path, SOFT, 'my_soft')}:SharpenedTargets"
     out = tmp_path / "sweep"
     overrides = f"{' '.join(TINY)} train.warmup_rounds=0 model.width=8"
     cmd = [
@@ -160,24 +178,34 @@ def test_a_sweep_runs_a_method_by_path_beside_fixmatch_and_the_report_names_it(t
         "-m",
         "feddb.sweep",
         "-m",
-        f"row=fixmatch,{spec}",
+        f"row={soft},{weighted}",
         "seed=0",
         f"out={out}",
         "launcher=[python,-m,feddb.inprocess]",
         f"run_config=num-server-rounds=2 overrides='{overrides}'",
     ]
     res = subprocess.run(
-        cmd, cwd=method.parent, env=user_env(tmp_path), text=True, capture_output=True
+        cmd, cwd=tmp_path / "my_project", env=user_env(tmp_path), text=True, capture_output=True
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     runs = sorted(p.parent.parent.name for p in out.rglob("s0/summary.json"))
-    assert runs[0].startswith("ConfidenceWeighted-") and runs[1] == "fixmatch"
+    assert runs[0].startswith("ConfidenceWeighted-") and runs[1].startswith("SharpenedTargets-")
     from feddb.report import main as report
 
     assert report([str(out), "--out", str(tmp_path / "report")]) == 0
     text = (tmp_path / "report" / "results.md").read_text()
-    assert "| FixMatch (confidence-weighted) |" in text
     assert "FixMatch (confidence-weighted) | mean_weight |" in text
+    assert "Sharpened soft targets | ever_kept |" in text
+    assert "Sharpened soft targets | target_entropy |" in text
+    lines = text.splitlines()  # the pseudo-label table: each method's ratio, % (mean(std))
+    head = next(i for i, line in enumerate(lines) if "pseudo-label ratio, %" in line)
+    column = lines[head].split(" | ").index("pseudo-label ratio, % (same rounds)")
+    table = [line.split(" | ") for line in takewhile(str.strip, lines[head + 2 :])]
+    ratios = {cells[1]: float(cells[column].partition("(")[0]) for cells in table}
+    assert ratios.keys() == SHOWN and all(r > 0 for r in ratios.values()), ratios
+
+
+SHOWN = {"FixMatch (confidence-weighted)", "Sharpened soft targets"}
 
 
 def test_a_class_whose_hooks_its_base_never_calls_is_refused_and_told_its_base(tmp_path):
