@@ -161,6 +161,7 @@ class LocalTrainer:
         cl = self.tr["channels_last"]
         self.channels_last = cl is True or (cl == "auto" and accel)
         self.compiled: nn.Module | None = None
+        self.tally: TargetTally | None = None  # a round's pseudo-label figures (count_targets)
         self.num_classes = cfg.get("data_meta", {}).get("num_classes", 0)  # fit: from APP-U
 
     # -- helpers ---------------------------------------------------------------------------
@@ -316,7 +317,7 @@ class LocalTrainer:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.rng = np.random.default_rng(seed)  # host-side draws (e.g. mixup lambda)
         self.received = received or {}
-        self.tally: TargetTally | None = None  # the round's pseudo-label figures (count_targets)
+        self.tally = None  # a new round's figures
         client_state = client_state or {}
         self.load_client_state(client_state)
         momentum = client_state.get("optimizer") if self.tr["optimizer_state"] == "client" else None
