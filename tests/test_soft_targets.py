@@ -80,6 +80,7 @@ def test_the_figures_are_those_of_the_targets_training_used(labels, mode, forwar
     out = t.fit(make_model(t.cfg, K, 1), synthetic(), 0.05, seed=3, lambda_u=1.0)
     assert out["pseudo_label_ratio"] == 0.5 and out["pseudo_label_count"] == rows // 2
     assert sum(out["pseudo_label_histogram"]) == rows // 2 and out["loss_unsup"] > 0
+    assert sum(out["pseudo_label_class_true"]) == rows // 2  # the kept rows by true class
     if soft:  # a distribution's accuracy is its mass on the true class; its class its argmax
         assert out["pseudo_label_accuracy"] == pytest.approx(1 / K)
         assert out["pseudo_label_histogram"][0] == rows // 2
