@@ -557,12 +557,8 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
             if p["a"].endswith("-FedDPL") or p["a"] == "FedDB"
         ]
         if pl_pairs:
-            out += [
-                "",
-                "Paired differences of confident pseudo-label accuracy (points):",
-                "",
-                *paired_table(pl_pairs, "the interval is"),
-            ]
+            out += ["", "Paired differences of confident pseudo-label accuracy (points):", ""]
+            out += paired_table(pl_pairs, "the interval is")
         out.append("")
     out += method_section(runs)
     out += strategy_section(runs)
