@@ -419,9 +419,10 @@ def test_an_error_reply_is_read_whole_whether_ours_or_flowers():
 
 
 def test_a_resumed_run_keeps_the_rounds_that_trained_no_client():
+    from fssl.record import RoundMetrics
     from server_app.rounds import failed_before
 
-    history = [
+    lines = [
         {
             "round": 1,
             "sampled": 2,
@@ -433,6 +434,7 @@ def test_a_resumed_run_keeps_the_rounds_that_trained_no_client():
         {"round": 2, "sampled": 2, "failures": [{"partition_id": 0, "node_id": 5, "reason": "y"}]},
         {"round": 3, "sampled": 0, "failures": []},  # labels at the server: no client asked
     ]
+    history = [RoundMetrics.from_dict(line) for line in lines]  # as the recorder reads them
     assert failed_before(history) == [
         "round 1 trained no client (all 2 sampled failed; partition 0, node 5: client error: X)"
     ]
