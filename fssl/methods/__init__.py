@@ -14,14 +14,12 @@ This module imports neither torch nor Flower: the strategy and the launcher's ch
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import pkgutil
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..checks import ConfigError, choice
+from ..plugins import is_path, load
 
 if TYPE_CHECKING:
     import torch
@@ -69,56 +67,11 @@ def discover() -> dict[str, type]:
     return METHODS
 
 
-def is_path(spec: str) -> bool:
-    """`pkg.module:Class` or `/path/file.py:Class`: a user's method, not a registered name."""
-    return ":" in spec
-
-
-def _import_user(spec: str, where: str) -> Any:
-    """The user's module, by file or by name; whatever stops its import (an error, or a
-    sys.exit() that would end the run as a success with no run) is a ConfigError naming it."""
-    name = where
-    try:
-        if not where.endswith(".py"):
-            return importlib.import_module(where)
-        path = Path(where).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"method '{spec}': file {path} not found")
-        name = f"feddb_user_method_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        return module
-    except (ConfigError, KeyboardInterrupt):
-        raise
-    except SystemExit as err:
-        sys.modules.pop(name, None)  # half-imported: a later load tries again
-        raise ConfigError(
-            f"method '{spec}': {where} exits at import (SystemExit({err.code!r})); a method "
-            "module only defines its class: put the sys.exit() under "
-            "`if __name__ == '__main__':`"
-        ) from None
-    except BaseException as err:  # the user's module: any failure to import is theirs to fix
-        sys.modules.pop(name, None)
-        raise ConfigError(
-            f"method '{spec}': cannot import {where} ({type(err).__name__}: {err}); "
-            "is it on PYTHONPATH (or give its file path)?"
-        ) from None
-
-
 def _load_user(spec: str) -> type:
     if spec in _USER:
         return _USER[spec]
     where, _, cls_name = spec.rpartition(":")
-    if not where or not cls_name:
-        raise ConfigError(
-            f"method '{spec}': write a user method as 'package.module:Class' or "
-            "'/path/to/file.py:Class'"
-        )
-    module = _import_user(spec, where)
-    cls = getattr(module, cls_name, None)
+    cls = load(spec, f"method '{spec}'")
     if not isinstance(cls, type):
         raise ConfigError(f"method '{spec}': {where} has no class {cls_name}")
     missing = [a for a in REQUIRED if not hasattr(cls, a)]
