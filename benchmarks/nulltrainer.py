@@ -21,7 +21,7 @@ class NullTrainer(Supervised):
 
     display = "null trainer"
 
-    def fit(self, model, data, lr, seed, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def fit(self, model, data, instruction, *args: Any, **kwargs: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         k = max(self.num_classes, int(data.y_l.max()) + 1 if len(data.y_l) else 1)
         self.momentum_out = {}

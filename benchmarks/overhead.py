@@ -213,14 +213,15 @@ def aggregation_seconds(
         }
         for _ in range(clients)
     ]
-    replies = [{"app_u": a} for a in rng.dirichlet(np.full(10, 0.3), size=clients)]
+    app_u = rng.dirichlet(np.full(10, 0.3), size=clients)
+    replies = [{"app_u": a, "arrays": u} for a, u in zip(app_u, updates)]
     strategy = make_strategy(cfg, 10, ServerSetup(workers=cores()))
     seconds = []
     for _ in range(repeats + 1):
-        strategy.global_arrays, strategy.momentum_buffer = g, {}
+        strategy.update.momentum_buffer = {}
         t0 = time.perf_counter()
-        weights, _ = strategy.aggregation_weights(replies)  # DMA, as after the warm-up
-        strategy.server_update(updates, weights)
+        weights = strategy.weighting.weights(replies, 1)  # DMA's, as after the warm-up
+        strategy.update(g, replies, weights, strategy.round_record)
         seconds.append(time.perf_counter() - t0)
     return seconds[1:], strategy.round_record.robust or {}
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(PROJECT))
 
 from fssl import augment  # noqa: E402
 from fssl.data import load_dataset  # noqa: E402
+from fssl.instruction import Instruction  # noqa: E402
 from fssl.methods import make_model, make_trainer  # noqa: E402
 from fssl.runtime import data_meta  # noqa: E402
 from fssl.train import ClientData, to_nchw  # noqa: E402
@@ -418,7 +419,7 @@ def training_speed(cfg: dict, meta: dict, clients: list, device: torch.device) -
 
     def project_round():
         for c, d in enumerate(data):
-            trainer.fit(model, d, 0.03, seed=c)
+            trainer.fit(model, d, Instruction(0.03, seed=c))
 
     t_round = timed(project_round, device, 1, warmup=device.type == "cuda")
     mem_project = peak_memory(device)

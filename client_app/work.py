@@ -1,8 +1,9 @@
 """The ClientApp's work: local semi-supervised training per method, APP-U shipped in the train
 reply, and the evaluation of a received model on the client's labeled data.
 
-The server sends the resolved configuration (JSON, with the dataset's classes, channels and
-normalisation) with every instruction, so clients need no Hydra. In simulation a client takes its
+The server sends the client's part of the resolved configuration (JSON, with the dataset's
+classes, channels and normalisation: fssl/instruction.py) with every instruction, so clients need
+no Hydra. In simulation a client takes its
 partition of the dataset through `node_config["partition-id"]`; in deployment `node_config["data-path"]`
 names its own file (written by `feddb deploy export`) and it never sees other clients'
 data. Either way the data stays resident on the training device for the life of the process that
@@ -30,7 +31,7 @@ keep_freed_memory()  # once per process: batches reuse freed memory
 
 
 def _setup(msg: Message, context: Context):
-    cfg = json.loads(msg.content["config"][contract.RUN_CONFIG])
+    cfg = json.loads(msg.content["config"][contract.CLIENT_CONFIG])
     check_user_method(cfg["method"]["trainer"], context)
     meta = cfg["data_meta"]  # filled in by the ServerApp from its dataset
     device = client_device(cfg["device"])
@@ -79,26 +80,10 @@ def train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     cfg, pid, meta, data, model = _setup(msg, context)
     setup_seconds = time.perf_counter() - t0  # config, model, received state, data
-    conf = msg.content["config"]
-    server_round = int(conf[contract.ROUND])
+    server_round = int(msg.content["config"][contract.ROUND])
+    instruction = contract.read_instruction(msg, pid, client_seed(cfg["seed"], server_round, pid))
     trainer = make_trainer(cfg, meta["mean"], meta["std"], data.x_l.device)
-    received = {  # what the method's server side sent besides the global model
-        name: arrays_to_torch(record)
-        for name, record in msg.content.array_records.items()
-        if name != "arrays"
-    }
-    prior = conf.get(contract.GLOBAL_PRIOR)  # dpl_prior=global
-    metrics = trainer.fit(
-        model,
-        data,
-        float(conf[contract.LR]),
-        client_seed(cfg["seed"], server_round, pid),
-        received,
-        kept_state(context, pid),
-        float(conf.get(contract.LAMBDA_U, cfg["train"]["lambda_u"])),
-        float(conf.get(contract.PROXIMAL_MU, 0.0)),  # FedProx (strategy=fedprox)
-        list(prior) if prior is not None else None,
-    )
+    metrics = trainer.fit(model, data, instruction, kept_state(context, pid))
     for name, tensors in trainer.client_state().items():  # a node may train several
         context.state[f"{name}-{pid}"] = ArrayRecord(tensors)  # partitions: one slot each
     metrics["partition_id"] = pid

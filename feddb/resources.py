@@ -43,16 +43,16 @@ def probe(cfg: dict) -> dict:
     """Peak CUDA memory of one client round (partition 0) and the GPU's total memory."""
     import torch
 
+    from fssl.instruction import Instruction
     from fssl.methods import make_trainer
     from fssl.runtime import client_data_for, data_meta, dataset_for, model_for
 
     device = torch.device("cuda")
-    cfg = {**cfg, "data_meta": data_meta(dataset_for(cfg))}
-    meta = cfg["data_meta"]
+    cfg = {**cfg, "data_meta": (meta := data_meta(dataset_for(cfg)))}
     data = client_data_for(cfg, 0, device)
     model = model_for(cfg, device)
     torch.cuda.reset_peak_memory_stats()
-    make_trainer(cfg, meta["mean"], meta["std"], device).fit(model, data, 0.01, seed=0)
+    make_trainer(cfg, meta["mean"], meta["std"], device).fit(model, data, Instruction(0.01))
     return {
         "peak_bytes": torch.cuda.max_memory_allocated(),
         "total_bytes": torch.cuda.get_device_properties(0).total_memory,

@@ -30,6 +30,7 @@ from .checks import (
 from .identity import IDENTITY_KEYS, selection_of
 from .methods import check_method, declared, fill_defaults, method_class
 from .partition import POOL_ORDERS
+from .plugins import is_path
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 PYPROJECT = CONF_DIR.parent / "pyproject.toml"
@@ -545,8 +546,9 @@ def check_server(cfg: dict[str, Any]) -> None:
     """server.* (the update and its defences) and dp.*."""
     number(cfg, "server.lr", low=0, open_low=True)
     number(cfg, "server.momentum", low=0, high=1, open_high=True)
-    choice(cfg, "server.weighting", ("uniform", "samples"))
-    choice(cfg, "server.warmup_weighting", (None, "uniform", "samples"))
+    for key, allowed in (("weighting", ()), ("warmup_weighting", (None,))):
+        if not is_path(cfg["server"].get(key)):  # else a user's policy (strategy.validate)
+            choice(cfg, f"server.{key}", (*allowed, "uniform", "samples"))
     choice(cfg, "server.sizes", ("partition", "reported"))
     integer(cfg, "server.max_samples", "server.robust.num_selected", low=1, nullable=True)
 

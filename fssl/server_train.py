@@ -25,9 +25,10 @@ from torch import nn
 
 from . import augment
 from .data import Dataset
+from .instruction import Instruction
 from .methods import make_model, method_class
 from .partition import Partition
-from .train import ClientData, cosine_lr, to_nchw
+from .train import ClientData, round_lr, to_nchw
 
 SERVER_STREAM = 2**31 - 1  # the server's seed stream, apart from every client's partition id
 
@@ -97,11 +98,10 @@ class ServerLabels:
     def train(self, server_round: int, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The model `state` after the server's epochs on its labels in round `server_round`."""
         self.model.load_state_dict(state)
-        tr = self.cfg["train"]
-        lr = cosine_lr(tr["lr"], server_round, self.cfg["num_rounds"], tr["lr_schedule"])
-        self.trainer.fit(
-            self.model, self.data, lr, server_seed(self.cfg["seed"], server_round), lambda_u=0.0
-        )
+        seed = server_seed(self.cfg["seed"], server_round)
+        lr = round_lr(self.cfg, server_round)
+        instruction = Instruction(lr, seed, round=server_round, lambda_u=0.0)
+        self.trainer.fit(self.model, self.data, instruction)
         if self.static_bn:
             static_batchnorm(
                 self.model, self.data.x_l, self.mean, self.std, self.cfg["eval"]["batch_size"]

@@ -68,6 +68,12 @@ def cosine_lr(base: float, server_round: int, num_rounds: int, schedule: str) ->
     return base * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
+def round_lr(cfg: dict, server_round: int) -> float:
+    """The learning rate of round t: train.lr on train.lr_schedule over num_rounds."""
+    tr = cfg["train"]
+    return cosine_lr(tr["lr"], server_round, cfg["num_rounds"], tr["lr_schedule"])
+
+
 def checked_targets(
     targets: torch.Tensor, mask: torch.Tensor, rows: int, num_classes: int, method: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from fssl.runtime import (
 )
 from fssl.server_train import ServerLabels
 from fssl.train import resolve_device
-from strategy import ServerSetup, WeightedAverage, make_strategy
+from strategy import MethodStrategy, ServerSetup, make_strategy
 from strategy.contract import arrays_to_numpy, numpy_to_arrays
 from strategy.flower import StrategyFailed
 
@@ -194,7 +194,7 @@ def server_setup(
 
 
 def starting_point(
-    model, run_dir: Path, resume_dir: Path | None, strategy: WeightedAverage, recorder
+    model, run_dir: Path, resume_dir: Path | None, strategy: MethodStrategy, recorder
 ) -> tuple[ArrayRecord, int]:
     """The initial model and round 1, or the checkpoint's model and the round after it."""
     if resume_dir is None:
@@ -206,7 +206,7 @@ def starting_point(
 
 
 def server_labels(
-    cfg, ds, part, device, strategy: WeightedAverage, method: type
+    cfg, ds, part, device, strategy: MethodStrategy, method: type
 ) -> ServerLabels | None:
     """The server's own labeled training (labels_at_server scenarios), said in one line."""
     if not len(part.server):
@@ -323,7 +323,7 @@ def save_checkpoint(
     run_dir: Path,
     server_round: int,
     arrays: ArrayRecord,
-    strategy: WeightedAverage,
+    strategy: MethodStrategy,
     recorder: RoundRecorder,
 ) -> None:
     """Global model, strategy state (momentum buffer, caches), RNG states, recorder state."""
@@ -347,7 +347,7 @@ def save_checkpoint(
 
 
 def restore(
-    run_dir: Path, strategy: WeightedAverage, recorder: RoundRecorder
+    run_dir: Path, strategy: MethodStrategy, recorder: RoundRecorder
 ) -> tuple[ArrayRecord, int]:
     file, note = checkpoint.find(run_dir)
     if note:  # the latest is corrupt: kept aside (not overwritten by the next save), and said

@@ -11,7 +11,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fssl.profiling import Timeline
-from strategy import WeightedAverage
+from strategy import MethodStrategy
 from strategy.contract import ReplyError, parse_node_info
 
 from .rounds import collect, push
@@ -160,7 +160,7 @@ class RejoinedNodes:
     def __init__(
         self,
         grid: Grid,
-        strategy: WeightedAverage,
+        strategy: MethodStrategy,
         num_clients: int,
         wait: float = 10.0,
         retry: float = 60.0,
@@ -179,7 +179,7 @@ class RejoinedNodes:
         asking = {n for n, _ in self.open.values()}
         joined = [
             n
-            for n in sorted(connected - set(self.strategy.node_of.values()) - asking)
+            for n in sorted(connected - set(self.strategy.intake.node_of.values()) - asking)
             if now - self.refused.get(n, -self.retry) >= self.retry
         ]
         answers = self.ask(joined, now) if joined else []
@@ -219,7 +219,7 @@ class RejoinedNodes:
         return info
 
     def bind(self, info: dict[int, dict[str, int]], connected: set[int]) -> list[int]:
-        node_of, moved = dict(self.strategy.node_of), []
+        node_of, moved = dict(self.strategy.intake.node_of), []
         claims: dict[int, list[int]] = {}
         for node, v in sorted(info.items()):
             if v["own-data"] and 0 <= v["pid"] < self.num_clients:
@@ -238,7 +238,7 @@ class RejoinedNodes:
             moved.append(pid)
         if moved:
             print(f"[feddb] partitions {moved} rejoined on new nodes", flush=True)
-            self.strategy.bind_nodes(node_of)
+            self.strategy.intake.bind_nodes(node_of)
         return moved
 
 

@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 
 from fssl.record import RoundMetrics
 from fssl.server_train import ServerLabels
-from strategy import RoundRecord, WeightedAverage
+from strategy import MethodStrategy, RoundRecord
 from strategy.contract import arrays_to_numpy
 
 EvaluateFn = Callable[[int, ArrayRecord, RoundRecord | None], Any]
@@ -133,7 +133,7 @@ class RoundLoop:
     resumed run does not)."""
 
     def __init__(
-        self, strategy: WeightedAverage, grid: Grid, server: ServerLabels | None = None
+        self, strategy: MethodStrategy, grid: Grid, server: ServerLabels | None = None
     ) -> None:
         self.strategy, self.grid = strategy, grid
         self.cfg = strategy.cfg

@@ -16,19 +16,23 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fssl.instruction import Instruction
+
 STAT_SUFFIXES = (
     "running_mean",
     "running_var",
 )  # BatchNorm's running statistics: averaged, not trained
 
-# Instruction config keys (server -> client), besides the global arrays.
+# An instruction (server -> client, fssl/instruction.py): the global arrays ("arrays"), the
+# method's other named arrays (its `received`), a strategy's client terms (the ConfigRecord
+# TERMS: FedProx's proximal-mu), and these keys of the ConfigRecord "config":
 ROUND = "server-round"
 LR = "lr"
 LAMBDA_U = "lambda-u"
-RUN_CONFIG = "run-config"  # the resolved configuration as JSON: clients need no Hydra
+CLIENT_CONFIG = "client-config"  # the configuration's client part as JSON: clients need no Hydra
 PARTITION = "partition-id"  # which partition to train (a node may hold several)
-PROXIMAL_MU = "proximal-mu"  # FedProx (strategy=fedprox) puts it in the instruction
 GLOBAL_PRIOR = "global-app-u"  # dpl_prior=global: the server's aggregated APP-U, a K-list
+TERMS = "terms"
 
 # Metrics every train reply must carry, as non-negative integers.
 REQUIRED_COUNTS = ("partition_id", "num_labeled", "num_unlabeled")
@@ -75,6 +79,45 @@ def arrays_to_torch(record: ArrayRecord) -> dict[str, Any]:
 def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d).
     return ArrayRecord({k: Array(np.require(v, requirements="C")) for k, v in arrays.items()})
+
+
+# -- instructions --------------------------------------------------------------------------------
+def instruction_content(arrays: ArrayRecord, ins: Instruction, client_json: str) -> RecordDict:
+    """An instruction's records: the global arrays, `ins` and the client's configuration."""
+    config: dict[str, Any] = {ROUND: ins.round, LR: ins.lr, CLIENT_CONFIG: client_json}
+    if ins.lambda_u is not None:
+        config[LAMBDA_U] = ins.lambda_u
+    if ins.global_prior is not None:
+        config[GLOBAL_PRIOR] = [float(x) for x in ins.global_prior]
+    if ins.partition is not None:
+        config[PARTITION] = ins.partition
+    records: dict[str, Any] = {"arrays": arrays, "config": ConfigRecord(config)}
+    if ins.terms:
+        records[TERMS] = ConfigRecord(dict(ins.terms))
+    records.update({name: numpy_to_arrays(a) for name, a in ins.received.items()})
+    return RecordDict(records)
+
+
+def read_instruction(msg: Message, partition: int, seed: int) -> Instruction:
+    """A train instruction as the client's trainer takes it (received arrays as torch tensors):
+    for `partition`, its random streams seeded by `seed` (fssl.train.client_seed)."""
+    conf = msg.content["config"]
+    terms = msg.content.config_records.get(TERMS)
+    prior = conf.get(GLOBAL_PRIOR)
+    return Instruction(
+        lr=float(conf[LR]),
+        seed=seed,
+        round=int(conf[ROUND]),
+        lambda_u=float(conf[LAMBDA_U]) if conf.get(LAMBDA_U) is not None else None,
+        partition=partition,
+        received={
+            name: arrays_to_torch(record)
+            for name, record in msg.content.array_records.items()
+            if name != "arrays"
+        },
+        terms=dict(terms) if terms is not None else {},
+        global_prior=list(prior) if prior is not None else None,
+    )
 
 
 # -- client side ---------------------------------------------------------------------------------

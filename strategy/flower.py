@@ -1,24 +1,23 @@
 """Flower's own strategies, or a user's, against the project's clients (`strategy=<name>`).
 
 The project keeps what its clients and its comparisons need: partitions sampled by (seed, round),
-the instruction's run-config, reply checks (strategy/contract.py), the norm bound of
-`server.robust.clip`, the per-round records, central evaluation and checkpoints. The chosen
-strategy decides the rest:
+the instructions, reply intake (strategy/intake.py), the norm bound of `server.robust.clip`, the
+per-round records, central evaluation and checkpoints. The chosen strategy decides the rest:
 - `configure_train` is called every round on a grid that holds just the round's sampled nodes: its
   state is kept up to date (FedOpt's and QFedAvg's current arrays) and every key it puts in its
-  ConfigRecord reaches the clients (FedProx's `proximal-mu`).
+  ConfigRecord reaches the clients as the instruction's terms (FedProx's `proximal-mu`).
 - `aggregate_train` gets one reply per valid client: `arrays` (the trained parameters; BatchNorm
   running statistics and integer buffers stay with the project, averaged with the same weights) and
   `metrics`, whose `num-examples` is the client's aggregation weight: DMA's beta when the method
   uses DMA (FedDB), else `server.weighting`'s (uniform or n_m), so any weighted-averaging strategy
   composes with DMA. Also there: `train_loss` (the received model's labeled loss, QFedAvg's),
   `app_u`, `num_labeled`, `num_unlabeled`, `partition_id`, `loss_sup`, `loss_unsup`.
-The project's server momentum (`server.momentum`) is not applied: the strategy owns the update.
+The project's server momentum (`server.momentum`) is not applied: the strategy's aggregate_train
+is the update step (InnerUpdate).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Iterable
 from logging import WARNING
@@ -40,9 +39,11 @@ from flwr.serverapp.strategy import Strategy
 
 from fssl.checks import ConfigError, choice, mapping
 from fssl.methods import method_class
+from fssl.plugins import load
 
-from .base import ServerSetup, WeightedAverage
+from .base import MethodStrategy, ServerSetup
 from .contract import STAT_SUFFIXES, arrays_to_numpy
+from .update import ServerUpdate
 
 FLOWER = {
     "fedavg": "FedAvg",
@@ -89,51 +90,17 @@ def call(inner: Strategy, hook: str, *args: Any) -> Any:
         ) from err
 
 
-def from_file(file: str) -> Any:
-    """The module of a strategy given by file path (`/path/my_strategy.py:Class`)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(file).expanduser()
-    if not path.is_file():
-        raise StrategyError(f"strategy.target: file {path} not found")
-    name = f"feddb_user_strategy_{abs(hash(str(path.resolve())))}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:  # noqa: BLE001 - the user's file
-            raise StrategyError(
-                f"strategy.target: {path} raised {type(err).__name__} on import: {err}"
-            ) from err
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 def load_class(target: str) -> type:
-    """`package.module:Class` (or `package.module.Class`, or `/path/file.py:Class`) -> the class,
-    checked to be a Flower message-API Strategy with its two training hooks."""
-    module_name, sep, attr = target.partition(":")
-    if not sep:
-        module_name, _, attr = target.rpartition(".")
-    if not module_name or not attr:
-        raise StrategyError(
-            f"strategy.target '{target}' is not an import path: write 'package.module:ClassName'"
-        )
+    """`package.module:Class` (or `/path/file.py:Class`, or `package.module.Class`) -> the class,
+    found by fssl.plugins (as every user's class is) and checked to be a Flower message-API
+    Strategy with its training hooks."""
+    if target and ":" not in target and "." in target:
+        module, _, attr = target.rpartition(".")
+        target = f"{module}:{attr}"
     try:
-        module = from_file(module_name) if module_name.endswith(".py") else None
-        module = module or importlib.import_module(module_name)
-    except ImportError as err:
-        raise StrategyError(
-            f"strategy.target '{target}': cannot import module '{module_name}' "
-            f"({err}); is it on PYTHONPATH or installed?"
-        ) from err
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise StrategyError(f"strategy.target '{target}': module '{module_name}' has no '{attr}'")
+        cls = load(target, f"strategy.target '{target}'")
+    except ConfigError as err:
+        raise StrategyError(str(err)) from None
     if not (inspect.isclass(cls) and issubclass(cls, Strategy)):
         raise StrategyError(
             f"strategy.target '{target}' is not a subclass of "
@@ -233,8 +200,18 @@ class SampledNodes:
         return list(self.nodes)
 
 
-class FlowerStrategy(WeightedAverage):
-    """The project's round around a Flower (or user) strategy's configure/aggregate."""
+def trained_keys(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The arrays a strategy aggregates: trained floats (not BatchNorm's running statistics)."""
+    return [
+        k
+        for k, v in arrays.items()
+        if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)
+    ]
+
+
+class FlowerStrategy(MethodStrategy):
+    """The project's round around a Flower (or user) strategy: its configure_train gives the
+    clients' terms, its aggregate_train is the update step (InnerUpdate)."""
 
     def __init__(
         self, cfg: dict[str, Any], num_classes: int, setup: ServerSetup | None = None
@@ -242,55 +219,58 @@ class FlowerStrategy(WeightedAverage):
         super().__init__(cfg, num_classes, setup)
         self.inner = build_inner(cfg["strategy"])
         self.inner_config: dict[str, Any] = {}
+        self.update = InnerUpdate(self.inner, cfg, self.setup)
 
-    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        config = super().round_config(server_round, config)
-        for key, value in self.inner_config.items():
-            config.setdefault(key, value)
-        return config
-
-    def trained_keys(self) -> list[str]:
-        assert self.global_arrays is not None
-        return [
-            k
-            for k, v in self.global_arrays.items()
-            if np.issubdtype(v.dtype, np.floating) and not k.endswith(STAT_SUFFIXES)
-        ]
+    def client_terms(self) -> dict[str, Any]:
+        """Every key the strategy put in its ConfigRecord (FedProx's `proximal-mu`)."""
+        return dict(self.inner_config)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self.global_arrays = arrays_to_numpy(arrays)
-        pids = self.sample(server_round, self.cfg["fl"]["fraction_train"])
-        if not pids:  # no client has anything to learn (labels at the server): nothing to send
-            self.inner_config = {}
-            return super().configure_train(server_round, arrays, config, grid)
-        nodes = (
-            sorted({self.node_of[p] for p in pids if p in self.node_of}) if self.node_of else [0]
-        )
-        trained = ArrayRecord(
-            {k: Array(np.ascontiguousarray(self.global_arrays[k])) for k in self.trained_keys()}
-        )
-        sent = list(
-            call(
-                self.inner,
-                "configure_train",
-                server_round,
-                trained,
-                ConfigRecord(),
-                SampledNodes(nodes),
-            )
-        )
+        global_arrays = arrays_to_numpy(arrays)
+        pids = self.sampler.sample(server_round, self.cfg["fl"]["fraction_train"])
         self.inner_config = {}
-        if sent:
-            for record in sent[0].content.config_records.values():
+        if pids:  # else no client has anything to learn (labels at the server): nothing to send
+            node_of = self.intake.node_of
+            nodes = sorted({node_of[p] for p in pids if p in node_of}) if node_of else [0]
+            trained = ArrayRecord(
+                {
+                    k: Array(np.ascontiguousarray(global_arrays[k]))
+                    for k in trained_keys(global_arrays)
+                }
+            )
+            sent = list(
+                call(
+                    self.inner,
+                    "configure_train",
+                    server_round,
+                    trained,
+                    ConfigRecord(),
+                    SampledNodes(nodes),
+                )
+            )
+            for record in sent[0].content.config_records.values() if sent else []:
                 self.inner_config.update({k: v for k, v in record.items() if k != "server-round"})
         return super().configure_train(server_round, arrays, config, grid)
 
+
+class InnerUpdate(ServerUpdate):
+    """The update step of a Flower (or user) strategy: the project's defences (the norm bound,
+    the agreement filter), then the strategy's aggregate_train on the kept replies, their weights
+    as `num-examples`; BatchNorm running statistics and integer buffers stay with the project."""
+
+    def __init__(self, inner: Strategy, cfg: dict[str, Any], setup: ServerSetup) -> None:
+        super().__init__(cfg, setup.workers, setup.audit, setup.audit_workers)
+        self.inner = inner
+
     def inner_replies(
-        self, parsed: list[dict[str, Any]], client_arrays: list[dict], weights: np.ndarray
+        self,
+        keys: list[str],
+        parsed: list[dict[str, Any]],
+        client_arrays: list[dict],
+        weights: np.ndarray,
     ) -> list[Message]:
-        keys = self.trained_keys()
         out = []
         for p, arrays, w in zip(parsed, client_arrays, weights):
             m = p["metrics"]
@@ -307,22 +287,25 @@ class FlowerStrategy(WeightedAverage):
             out.append(Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN))
         return out
 
-    def server_update(
-        self, client_arrays: list[dict[str, np.ndarray]], weights: np.ndarray
+    def __call__(
+        self,
+        old: dict[str, np.ndarray],
+        replies: list[dict[str, Any]],
+        weights: np.ndarray,
+        record: Any,
+        residual: dict[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
-        assert self.global_arrays is not None
-        client_arrays, weights = self.defend(client_arrays, weights)
-        kept = (self.round_record.robust or {}).get("selected")  # server.robust.min_cosine
-        parsed = [self.parsed[i] for i in kept] if kept is not None else self.parsed
-        self.round_record.strategy = {
-            "name": self.cfg["strategy"]["name"],
-            "weights_used": self.cfg["strategy"]["name"] not in UNWEIGHTED,
-        }
+        client_arrays = [r["arrays"] for r in replies]
+        client_arrays, weights = self.defend(old, client_arrays, weights, record, residual)
+        kept = (record.robust or {}).get("selected")  # server.robust.min_cosine
+        parsed = [replies[i] for i in kept] if kept is not None else replies
+        name = self.cfg["strategy"]["name"]
+        record.strategy = {"name": name, "weights_used": name not in UNWEIGHTED}
         result, _ = call(
             self.inner,
             "aggregate_train",
-            self.round_record.round,
-            self.inner_replies(parsed, client_arrays, weights),
+            record.round,
+            self.inner_replies(trained_keys(old), parsed, client_arrays, weights),
         )
         if result is None:
             raise StrategyFailed(
@@ -331,32 +314,22 @@ class FlowerStrategy(WeightedAverage):
         new_trained = arrays_to_numpy(result)
         new: dict[str, np.ndarray] = {}
         total = float(np.sum(weights)) or 1.0
-        for key, old in self.global_arrays.items():
+        for key, current in old.items():
             if key in new_trained:
-                new[key] = new_trained[key].astype(old.dtype).reshape(old.shape)
-            elif np.issubdtype(old.dtype, np.floating):  # BatchNorm running statistics
+                new[key] = new_trained[key].astype(current.dtype).reshape(current.shape)
+            elif np.issubdtype(current.dtype, np.floating):  # BatchNorm running statistics
                 new[key] = sum(
                     w / total * a[key].astype(np.float64) for w, a in zip(weights, client_arrays)
-                ).astype(old.dtype)
+                ).astype(current.dtype)
             else:  # e.g. num_batches_tracked
-                new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(old.dtype)
+                new[key] = np.max([a[key] for a in client_arrays], axis=0).astype(current.dtype)
         return new
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        self.parsed: list[dict[str, Any]] = []
-        return super().aggregate_train(server_round, replies)
-
-    def coefficients(
-        self, server_round: int, parsed: list[dict[str, Any]], weights: np.ndarray
-    ) -> np.ndarray:
-        self.parsed = parsed  # server_update hands them to the strategy
-        return weights
 
     # -- checkpoints -----------------------------------------------------------------------
     def state(self) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, Any]]:
         """The inner strategy's arrays (dicts or lists of arrays, ArrayRecords) and scalars;
         what is neither is named in the checkpoint, and a resume says it starts afresh."""
-        arrays, state = super().state()
+        arrays: dict[str, Any] = {}
         saved: dict[str, Any] = {}
         unsaved = []
         for name, value in vars(self.inner).items():
@@ -368,10 +341,9 @@ class FlowerStrategy(WeightedAverage):
                 saved[name] = ["scalar", packed]
             elif value is not None and not callable(value):
                 unsaved.append(name)
-        return arrays, {**state, "inner": saved, "inner_unsaved": unsaved}
+        return arrays, {"inner": saved, "inner_unsaved": unsaved}
 
     def load_state(self, arrays: dict[str, dict[str, np.ndarray]], state: dict[str, Any]) -> None:
-        super().load_state(arrays, state)
         for name, kind in state.get("inner", {}).items():
             if isinstance(kind, list):
                 setattr(self.inner, name, kind[1])

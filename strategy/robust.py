@@ -19,7 +19,7 @@
 - Rules (`server.robust.rule`): `mean` (the weighted average: DMA's or n_m/N weights), `median`
   and `trimmed_mean` (coordinate-wise; they have no weights, so DMA cannot steer them), `krum` and
   `multikrum` (keep the clients closest to their neighbours, then the weighted average over them,
-  weights renormalised: DMA composes).
+  weights renormalised: DMA composes); each a `Rule` class (RULES), a user's by path.
 Flower's own pieces are used where its installed version has them as functions: `trim_mean`
 (FedTrimmedAvg) and `compute_distances` (MultiKrum's squared distances). Its median and Krum
 selection live inside strategy methods, so the few lines are written here.
@@ -40,7 +40,8 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import compute_distances
 
-RULES = ("mean", "median", "trimmed_mean", "krum", "multikrum")
+from fssl.checks import ConfigError
+from fssl.plugins import is_path, load
 
 
 def float_keys(arrays: dict[str, np.ndarray]) -> list[str]:
@@ -320,20 +321,93 @@ def krum_select(
     return sorted(int(i) for i in np.argsort(scores, kind="stable")[: max(1, min(num_selected, n))])
 
 
-def combine(stack: np.ndarray, weights: np.ndarray, rule: str, trim: float) -> np.ndarray:
-    """One array's aggregate over clients (stack: clients first); `mean` is the weighted sum."""
-    if rule == "median":
-        return np.median(stack, axis=0)
-    if rule == "trimmed_mean":
-        return trim_mean(stack, trim)
-    return np.tensordot(weights, stack, axes=1)
+class Rule:
+    """A robust rule (`server.robust.rule`): which updates stay (`select`) and how the kept ones
+    combine, one array at a time (`combine`). This base is `mean`: everyone, the weighted mean
+    (DMA's or n_m/N weights), what the clients leave (1 - sum w) on `rest`. A user's rule is a
+    subclass by path (fssl/plugins.py); `weighted = False` says the weights do not steer it."""
+
+    weighted = True
+
+    def __init__(self, rb: dict[str, Any]) -> None:
+        self.rb = rb
+
+    def select(self, client_arrays: list[dict[str, np.ndarray]]) -> list[int] | None:
+        """The positions of the updates kept; None: all."""
+        return None
+
+    def combine(
+        self, rest: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
+    ) -> np.ndarray:
+        return weighted_mean(rest, arrays, weights)
+
+
+class Median(Rule):
+    """Coordinate-wise median: no weights, so DMA cannot steer it."""
+
+    weighted = False
+
+    def combine(
+        self, rest: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
+    ) -> np.ndarray:
+        return np.median(np.stack([a.astype(np.float64) for a in arrays]), axis=0)
+
+
+class TrimmedMean(Rule):
+    """Coordinate-wise mean without the `trim` fraction at each end (Flower's trim_mean)."""
+
+    weighted = False
+
+    def combine(
+        self, rest: np.ndarray, arrays: list[np.ndarray], weights: np.ndarray
+    ) -> np.ndarray:
+        return trim_mean(np.stack([a.astype(np.float64) for a in arrays]), self.rb["trim"])
+
+
+class Krum(Rule):
+    """Krum: the one update closest to its neighbours, then the weighted mean over it."""
+
+    def kept(self, n: int) -> int:
+        return 1
+
+    def select(self, client_arrays: list[dict[str, np.ndarray]]) -> list[int] | None:
+        f = self.rb["num_malicious"]
+        return krum_select(client_arrays, f, self.kept(len(client_arrays)))
+
+
+class MultiKrum(Krum):
+    """Multi-Krum: the `num_selected` (null: m - f) updates closest to their neighbours, then the
+    weighted mean over them, weights renormalised (DMA composes)."""
+
+    def kept(self, n: int) -> int:
+        return self.rb["num_selected"] or n - self.rb["num_malicious"]
+
+
+RULES: dict[str, type[Rule]] = {
+    "mean": Rule,
+    "median": Median,
+    "trimmed_mean": TrimmedMean,
+    "krum": Krum,
+    "multikrum": MultiKrum,
+}
+
+
+def rule_for(rb: dict[str, Any]) -> Rule:
+    """`server.robust.rule`: a name of RULES, or a user's Rule subclass by path."""
+    spec = rb["rule"]
+    if not is_path(spec):
+        return RULES[spec](rb)
+    cls = load(spec, f"server.robust.rule '{spec}'")
+    if not (isinstance(cls, type) and issubclass(cls, Rule)):
+        raise ConfigError(f"server.robust.rule '{spec}' is not a subclass of strategy.robust.Rule")
+    return cls(rb)
 
 
 def defend(
     global_arrays: dict[str, np.ndarray],
     client_arrays: list[dict[str, np.ndarray]],
     weights: np.ndarray,
-    rb: dict[str, Any],
+    rule: Rule,
     server_round: int,
     tolerance: float | None,
     workers: int = 1,
@@ -341,12 +415,13 @@ def defend(
     audit_workers: int = 1,
     residual_arrays: dict[str, np.ndarray] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], np.ndarray, dict[str, Any], float]:
-    """`server.robust` (`rb`) on one round's updates, in the order they act: the norm bound, the
-    agreement filter, the loss check (`audit`: a candidate's validation loss; `tolerance`: the
-    round's fraction; `residual_arrays`: where the weight the clients leave goes, if not on the
-    global model) and Krum's selection. Returns the kept updates, their weights (what the
-    dropped ones had goes back to the others), what each defence did, and the loss check's
-    seconds."""
+    """`server.robust` (`rule.rb`) on one round's updates, in the order they act: the norm
+    bound, the agreement filter, the loss check (`audit`: a candidate's validation loss;
+    `tolerance`: the round's fraction; `residual_arrays`: where the weight the clients leave goes,
+    if not on the global model) and the rule's selection (Krum's). Returns the kept updates, their
+    weights (what the dropped ones had goes back to the others), what each defence did, and the
+    loss check's seconds."""
+    rb = rule.rb
     diag: dict[str, Any] = {"rule": rb["rule"], "clip": rb["clip"]}
     if rb["clip"] is not None and len(client_arrays) > 1:
         client_arrays, info = clip_updates(global_arrays, client_arrays, rb["clip"], workers)
@@ -410,10 +485,9 @@ def defend(
                 tol,
             )
         keep = [keep[i] for i in sub]
-    if rb["rule"] in ("krum", "multikrum"):
-        f = rb["num_malicious"]
-        k = 1 if rb["rule"] == "krum" else (rb["num_selected"] or len(keep) - f)
-        keep = [keep[i] for i in krum_select([client_arrays[i] for i in keep], f, k)]
+    selected = rule.select([client_arrays[i] for i in keep])
+    if selected is not None:
+        keep = [keep[i] for i in selected]
     if len(keep) < len(client_arrays):
         weights = renormalise(np.asarray(weights, dtype=np.float64)[keep], float(np.sum(weights)))
         client_arrays = [client_arrays[i] for i in keep]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import augment
+from ..instruction import PROXIMAL_MU, Instruction
 from ..losses import app_u, momentum_update, pseudo_label
 from ..sgd import SGD
 from ..train import ClientData, as_parts, checked_targets, compiled, no_grad_batch
@@ -132,7 +133,7 @@ class LocalTrainer:
     # {"train.tau": 0.8} (experiment presets and the command line win); `method.<key>=` wins
     defaults: dict[str, Any] = {}
     server: type[MethodServer] = MethodServer  # the method's server side: plain averaging
-    proximal_mu = 0.0  # FedProx's mu for the round (fit's `proximal_mu`)
+    proximal_mu = 0.0  # FedProx's mu for the round (the instruction's `proximal-mu`)
 
     # -- the class-level API ---------------------------------------------------------------
     @classmethod
@@ -337,34 +338,29 @@ class LocalTrainer:
         self,
         model: nn.Module,
         data: ClientData,
-        lr: float,
-        seed: int,
-        received: dict[str, dict[str, torch.Tensor]] | None = None,
+        instruction: Instruction,
         client_state: dict[str, dict[str, torch.Tensor]] | None = None,
-        lambda_u: float | None = None,
-        proximal_mu: float = 0.0,
-        global_prior: list[float] | None = None,
     ) -> dict[str, Any]:
-        """One client round. `received`: named arrays the method's server side sent besides the
-        global model (FedMatch: helpers); `client_state`: what this client kept from its last
-        round (`client_state()` gives the next). `lambda_u`: the round's unlabeled loss weight
-        (0 during the server's warm-up: labeled loss only). `proximal_mu`: FedProx's proximal
-        term (mu/2) |w - w_received|^2 added to every step's loss (the instruction's
-        `proximal-mu`; 0: none). `global_prior`: the server's aggregated APP-U (dpl_prior=global)."""
+        """One client round as `instruction` says (fssl/instruction.py: its learning rate, seed,
+        unlabeled loss weight, what the method's server side sent, a strategy's client terms, the
+        server's APP-U); `client_state`: what this client kept from its last round
+        (`client_state()` gives the next). A `lambda_u` of 0 (the server's warm-up) trains on
+        the labels alone."""
         t0 = time.perf_counter()
+        sent = instruction.global_prior
         self.global_prior = (
-            torch.tensor(global_prior, dtype=torch.float32, device=self.device)
-            if global_prior is not None
+            torch.tensor(sent, dtype=torch.float32, device=self.device)
+            if sent is not None
             else None
         )
+        lambda_u = instruction.lambda_u
         self.lambda_u = self.tr["lambda_u"] if lambda_u is None else float(lambda_u)
         if self.labels_only(data):
             self.lambda_u = 0.0
-        opt = self.prepare(model, lr, seed, received, client_state)
-        self.proximal_mu = float(proximal_mu)
-        self.anchor = (
-            [p.detach().clone() for p in model.parameters()] if self.proximal_mu > 0 else []
+        opt = self.prepare(
+            model, instruction.lr, instruction.seed, instruction.received, client_state
         )
+        self.begin_terms(model, instruction.terms)
         params = dict(model.named_parameters())
         gamma = self.cfg["app_u"]["gamma"]
         probs0 = self.weak_probs(model, data)
@@ -464,8 +460,9 @@ class LocalTrainer:
         loss_s = F.cross_entropy(logits[:n_l], data.y_l[lab_idx]) if n_l else zero
         loss_u = loss_u_fn(logits[n_l:]) if loss_u_fn is not None else None
         loss = loss_s + self.lambda_u * loss_u if loss_u is not None else loss_s
-        if self.proximal_mu > 0:
-            loss = loss + self.proximal(model)
+        term = self.client_term(model)
+        if term is not None:
+            loss = loss + term
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.tr["grad_clip"] > 0:
@@ -483,8 +480,19 @@ class LocalTrainer:
             return self.forward(model, torch.cat(parts) if len(parts) > 1 else parts[0])
         return torch.cat([self.forward(model, x) for x in parts])
 
-    def proximal(self, model: nn.Module) -> torch.Tensor:
-        """FedProx's (mu/2) sum |w - w_received|^2 over the trained parameters."""
+    def begin_terms(self, model: nn.Module, terms: dict[str, Any]) -> None:
+        """A strategy's client terms for the round (the instruction's `terms`), before its first
+        step: FedProx's `proximal-mu` keeps the received parameters as the anchor."""
+        self.proximal_mu = float(terms.get(PROXIMAL_MU, 0.0))
+        self.anchor = (
+            [p.detach().clone() for p in model.parameters()] if self.proximal_mu > 0 else []
+        )
+
+    def client_term(self, model: nn.Module) -> torch.Tensor | None:
+        """What a strategy adds to every step's loss (the one hook its client terms reach):
+        FedProx's (mu/2) sum |w - w_received|^2 over the trained parameters; None: nothing."""
+        if self.proximal_mu <= 0:
+            return None
         diffs = torch._foreach_sub(list(model.parameters()), self.anchor)
         return 0.5 * self.proximal_mu * torch.stack(torch._foreach_norm(diffs)).square().sum()
 
