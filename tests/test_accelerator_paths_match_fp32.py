@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import TINY
 
+from fssl.instruction import Instruction
 from fssl.methods import make_model, make_trainer
 from fssl.runtime import client_data_for, data_meta, dataset_for
 from server_app.config import compose
@@ -19,7 +20,7 @@ def fit(*overrides, method="feddb"):
     torch.manual_seed(0)
     model = make_model(cfg, 10, 1)
     trainer = make_trainer(cfg, meta["mean"], meta["std"], cpu)
-    metrics = trainer.fit(model, client_data_for(cfg, 1, cpu), 0.1, seed=7)
+    metrics = trainer.fit(model, client_data_for(cfg, 1, cpu), Instruction(0.1, seed=7))
     return trainer, model, metrics
 
 

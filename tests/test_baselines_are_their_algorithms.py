@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY, make_reply
 
+from fssl.instruction import Instruction
 from fssl.methods import fedmatch, make_model, make_trainer
 from fssl.methods.dpl import debias
 from fssl.methods.fedmatch import FedMatchServer
@@ -180,7 +181,7 @@ def test_fedmatch_server_embeds_uploads_and_sends_the_nearest_clients_psi(task_i
     cfg = cfg_for("fedmatch", "fl.num_clients=6", "fl.fraction_train=0.5")
     s = make_strategy(cfg, 10)
     assert isinstance(s.method, FedMatchServer)
-    s.bind_nodes({p: 100 + p for p in range(6)})
+    s.intake.bind_nodes({p: 100 + p for p in range(6)})
     torch.manual_seed(0)
     glob = {k: v.numpy() for k, v in make_model(cfg, 10, 1).state_dict().items()}
     s.global_arrays = glob
@@ -342,7 +343,9 @@ def test_the_shipped_app_u_carries_local_training_in_the_cpu_presets(experiment)
         cfg = cfg_for("feddb", f"experiment={experiment}", "train.tau=0.5", *extra)
         torch.manual_seed(0)
         model = make_model(cfg, 10, 1)
-        m = trainer_for(cfg).fit(model, toy_data(n_l=16, n_u=64), lr=0.1, seed=1, lambda_u=1.0)
+        m = trainer_for(cfg).fit(
+            model, toy_data(n_l=16, n_u=64), Instruction(0.1, seed=1, lambda_u=1.0)
+        )
         return cfg, np.array(m["app_u"]), np.array(m["app_u_global"])
 
     cfg, shipped, received = fit()

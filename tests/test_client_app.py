@@ -24,7 +24,9 @@ def _run(cfg, pid=1, server_round=1, mtype=MessageType.TRAIN, node_config=None, 
     torch.manual_seed(0)
     model = make_model(cfg, 10, 1)
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
-    config = ConfigRecord({"server-round": server_round, "lr": 0.1, "run-config": json.dumps(cfg)})
+    config = ConfigRecord(
+        {"server-round": server_round, "lr": 0.1, "client-config": json.dumps(cfg)}
+    )
     ctx = make_context(pid)
     ctx.node_config.update(node_config or {})
     ins = make_instruction(arrays, config, mtype)
@@ -123,7 +125,9 @@ def test_wrn28_2_on_cifar10_files(tmp_path):
     )
     torch.manual_seed(0)
     model = build_model(cfg["model"], 10, 3)
-    config = ConfigRecord({"server-round": 1, "lr": 0.03, "run-config": json.dumps(with_meta(cfg))})
+    config = ConfigRecord(
+        {"server-round": 1, "lr": 0.03, "client-config": json.dumps(with_meta(cfg))}
+    )
     arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
     reply = client_app(make_instruction(arrays, config), make_context(0, 2))
     m = reply.content["metrics"]
@@ -168,7 +172,7 @@ def test_optimizer_state_client_keeps_momentum_in_context_state():
         ctx = make_context(1)
         replies = []
         for r in (1, 2):
-            config = ConfigRecord({"server-round": 5, "lr": 0.1, "run-config": json.dumps(cfg)})
+            config = ConfigRecord({"server-round": 5, "lr": 0.1, "client-config": json.dumps(cfg)})
             arrays = ArrayRecord({k: v for k, v in model.state_dict().items()})
             replies.append(client_app(make_instruction(arrays, config), ctx))
             if r == 1:

@@ -512,12 +512,10 @@ class JoinStrategy:
     """The strategy's side of rebinding: which node holds each partition."""
 
     def __init__(self, node_of):
-        self.node_of = dict(node_of)
+        from strategy.intake import ReplyIntake
 
-    def bind_nodes(self, node_of):
-        from strategy.base import WeightedAverage
-
-        WeightedAverage.bind_nodes(self, node_of)
+        self.intake = ReplyIntake({"server": {"max_samples": None}}, 10)
+        self.intake.bind_nodes(node_of)
 
 
 def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
@@ -544,7 +542,7 @@ def test_a_node_that_joins_mid_run_takes_its_partition_at_the_next_round():
 
     strategy = JoinStrategy({0: 10, 1: 11, 2: 12})
     assert RejoinedNodes(Grid(), strategy, 3)() == [0]
-    assert strategy.node_of == {0: 21, 1: 11, 2: 12} and strategy.pids_on[21] == [0]
+    assert strategy.intake.node_of == {0: 21, 1: 11, 2: 12} and strategy.intake.pids_on[21] == [0]
 
 
 def test_a_joining_node_that_answers_late_costs_no_round_more_than_the_wait():
@@ -583,7 +581,7 @@ def test_a_joining_node_that_answers_late_costs_no_round_more_than_the_wait():
     grid.answer(22, 5)  # 22 names a partition outside the run
     assert rejoin() == [] and sorted(grid.asked) == [21, 22]  # open or refused: not asked again
     grid.answer(21, 0)  # late: partition 0, whose node 10 has gone
-    assert rejoin() == [0] and strategy.node_of == {0: 21, 1: 11}
+    assert rejoin() == [0] and strategy.intake.node_of == {0: 21, 1: 11}
     assert rejoin() == [] and sorted(grid.asked) == [21, 22] and not rejoin.open
 
 
@@ -646,8 +644,9 @@ def test_a_deployment_starts_without_a_node_that_died_while_asked_its_partition(
     from flwr.app import ConfigRecord as Config
     from flwr.app import Error
 
+    from server_app.config import compose
     from server_app.nodes import NodeError, bind_partitions
-    from strategy.base import WeightedAverage
+    from strategy import make_strategy
 
     class Grid:
         def get_node_ids(self):
@@ -676,17 +675,9 @@ def test_a_deployment_starts_without_a_node_that_died_while_asked_its_partition(
     with pytest.raises(NodeError, match="only 2 of 3 nodes reported their partition"):
         bind_partitions(Grid(), 3, timeout=1.0, min_nodes=3, at_least=1.0)
 
-    class Strategy:
-        def bind_nodes(self, node_of):
-            WeightedAverage.bind_nodes(self, node_of)
-
-        def extra_records(self, pid, server_round, message_type):
-            return {}
-
-    strategy = Strategy()
-    strategy.bind_nodes(node_of)
-    config = Config({"server-round": 1})
-    sent = WeightedAverage._messages(strategy, [0, 1, 2], ArrayRecord(), config, "train")
+    strategy = make_strategy(compose(["fl.num_clients=3"]), 10)
+    strategy.intake.bind_nodes(node_of)
+    sent = strategy.messages([0, 1, 2], ArrayRecord(), 1, "train")
     assert [m.metadata.dst_node_id for m in sent] == [10, 12]
 
 

@@ -11,6 +11,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from localgrid import run_in_process
 
 from fssl.checks import ConfigError
+from fssl.instruction import Instruction
 from fssl.methods import make_model, make_trainer
 from fssl.methods.dma import dma_weights
 from fssl.runtime import client_data_for, data_meta, dataset_for
@@ -104,8 +105,8 @@ def test_custom_strategy_by_import_path(small_npz, tmp_path):
     sent = []
 
     def hook(ins, ctx, reply):
-        if "config" in ins.content:
-            sent.append(dict(ins.content["config"]))
+        if "terms" in ins.content:
+            sent.append(dict(ins.content["terms"]))
         return reply
 
     rc = _rc(
@@ -131,11 +132,11 @@ def test_custom_strategy_by_import_path(small_npz, tmp_path):
 @pytest.mark.parametrize(
     "target,match",
     [
-        ("nowhere.module:Cls", "cannot import module 'nowhere.module'"),
-        ("test_flower_and_user_strategies:Missing", "has no 'Missing'"),
+        ("nowhere.module:Cls", "cannot import nowhere.module"),
+        ("test_flower_and_user_strategies:Missing", "has no class Missing"),
         ("json:JSONDecoder", "not a subclass of flwr.serverapp.strategy.Strategy"),
         ("test_flower_and_user_strategies:Incomplete", "does not implement"),
-        ("", "not an import path"),
+        ("", "write a user.s class as"),
     ],
 )
 def test_bad_custom_strategy_is_refused_before_the_run(target, match):
@@ -178,8 +179,7 @@ APPS = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.1, 0.8]]
 
 
 def _aggregate(s, replies, server_round=1):
-    s.node_of = {i: 20 + i for i in range(4)}
-    s.bind_nodes(s.node_of)
+    s.intake.bind_nodes({i: 20 + i for i in range(4)})
     s.global_arrays = _global()
     s.begin_round(server_round, [0, 1, 2, 3])
     return s.aggregate_train(server_round, replies)
@@ -264,13 +264,15 @@ def test_fedprox_sends_mu_and_the_term_changes_the_client_update(tmp_path):
         ),
         K,
     )
-    s.bind_nodes({i: 20 + i for i in range(4)})
+    s.intake.bind_nodes({i: 20 + i for i in range(4)})
     msgs = list(
         s.configure_train(
             1, ArrayRecord({"w": Array(np.zeros(2, np.float32))}), ConfigRecord(), None
         )
     )
-    assert len(msgs) == 2 and all(m.content["config"]["proximal-mu"] == 0.5 for m in msgs)
+    # a strategy's client terms travel as their own record, beside the instruction's config
+    assert len(msgs) == 2 and all(m.content["terms"]["proximal-mu"] == 0.5 for m in msgs)
+    assert all("proximal-mu" not in m.content["config"] for m in msgs)
 
     cfg = compose(TINY + ["method=fixmatch"])
     cfg["data_meta"] = meta = data_meta(dataset_for(cfg))
@@ -281,7 +283,7 @@ def test_fedprox_sends_mu_and_the_term_changes_the_client_update(tmp_path):
         model = make_model(cfg, meta["num_classes"], meta["channels"])
         start = [p.detach().clone() for p in model.parameters()]
         make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu")).fit(
-            model, data, 0.05, seed=3, proximal_mu=mu
+            model, data, Instruction(0.05, seed=3, terms={"proximal-mu": mu})
         )
         moved.append(
             float(sum((p.detach() - q).square().sum() for p, q in zip(model.parameters(), start)))
@@ -361,3 +363,35 @@ def test_a_strategy_that_raises_ends_the_run_naming_its_class_and_hook(small_npz
         run_in_process(rc | {"data-path": str(small_npz)}, 6)
     assert [r["round"] for r in _records(tmp_path / "breaking")] == [1]
     assert "Breaking.aggregate_train" in (tmp_path / "breaking" / "failure.json").read_text()
+
+
+USER_WEIGHTING = '''
+import numpy as np
+
+from strategy.weighting import Weighting
+
+
+class ByLabels(Weighting):
+    """Each client by its labeled images alone."""
+
+    def weights(self, replies, server_round):
+        n_l = np.array([r["sizes"][0] for r in replies], dtype=np.float64)
+        self.notes = {"by": "labels", "round": server_round}
+        return n_l / n_l.sum()
+'''
+
+
+def test_a_users_weighting_policy_is_one_class_by_path(small_npz, tmp_path):
+    """`server.weighting='<file>:Class'`: a Weighting subclass loaded as every user's class is
+    (fssl/plugins.py) weighs each round; its notes are the round's record. A class that is not a
+    Weighting is refused before the run."""
+    (tmp_path / "my_weighting.py").write_text(USER_WEIGHTING)
+    spec = f"{tmp_path / 'my_weighting.py'}:ByLabels"
+    with pytest.raises(ConfigError, match="not a subclass of strategy.weighting.Weighting"):
+        compose(["dma.enabled=false", f"server.weighting='{tmp_path / 'my_weighting.py'}:np'"])
+    rc = _rc(tmp_path / "run", "method", extra=f" server.weighting='{spec}' server.momentum=0")
+    run_in_process(rc | {"data-path": str(small_npz)}, 6)
+    for r in _records(tmp_path / "run"):
+        n_l = np.array([c["num_labeled"] for c in r["clients"]], dtype=np.float64)
+        assert np.allclose([c["weight"] for c in r["clients"]], n_l / n_l.sum())
+        assert r["dma"] == {"by": "labels", "round": r["round"]}

@@ -222,10 +222,10 @@ FAIL = {fail}  # partition 0's client seeds (fssl.train.client_seed), round by r
 
 
 class PartitionZeroFails(FixMatch):
-    def fit(self, model, data, lr, seed, *args, **kwargs):
-        if seed in FAIL:
+    def fit(self, model, data, instruction, *args, **kwargs):
+        if instruction.seed in FAIL:
             raise RuntimeError("partition 0 fails")
-        return super().fit(model, data, lr, seed, *args, **kwargs)
+        return super().fit(model, data, instruction, *args, **kwargs)
 """
 
 

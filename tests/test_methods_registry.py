@@ -12,12 +12,13 @@ import pytest
 import torch
 from conftest import TINY, make_reply
 
+from fssl.instruction import Instruction
 from fssl.methods import discover, make_model, make_trainer
 from fssl.methods.dpl import debias
 from fssl.runtime import client_data_for, data_meta, dataset_for
 from fssl.train import ClientData
 from server_app.config import compose
-from strategy import contract, make_strategy
+from strategy import make_strategy
 
 PROJECT = Path(__file__).resolve().parents[1]
 FRAMEWORK = ["strategy", "server_app", "client_app", "fssl"]
@@ -142,13 +143,13 @@ def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
     full = client_data_for(cfg, 1, cpu)  # its labels and 64 of its unlabeled images
     data = ClientData(full.x_l, full.y_l, full.x_u[:64], full.y_u[:64])
     t = make_trainer(cfg, meta["mean"], meta["std"], cpu)
-    t.fit(make_model(cfg, 10, 1), data, 0.1, seed=1)
+    t.fit(make_model(cfg, 10, 1), data, Instruction(0.1, seed=1))
     kept = t.client_state()[slot]
     again = make_trainer(cfg, meta["mean"], meta["std"], cpu)
-    again.fit(make_model(cfg, 10, 1), data, 0.1, seed=2, client_state={slot: kept})
+    again.fit(make_model(cfg, 10, 1), data, Instruction(0.1, seed=2), {slot: kept})
     after = again.client_state()[slot]
     fresh = make_trainer(cfg, meta["mean"], meta["std"], cpu)
-    fresh.fit(make_model(cfg, 10, 1), data, 0.1, seed=2)
+    fresh.fit(make_model(cfg, 10, 1), data, Instruction(0.1, seed=2))
     assert any(not torch.equal(after[k], fresh.client_state()[slot][k]) for k in after)
 
 
@@ -157,9 +158,9 @@ def test_dpl_global_prior_is_the_aggregate_app_u_sent_with_the_model():
         "fixmatch", "dpl=true", "dpl_prior=global", "server.momentum=0", "server.weighting=uniform"
     )
     s = make_strategy(cfg, 10)
-    from flwr.app import ConfigRecord
+    from flwr.app import MessageType
 
-    assert contract.GLOBAL_PRIOR not in s.round_config(1, ConfigRecord())  # nothing aggregated yet
+    assert s.instruction(1, 1, MessageType.TRAIN).global_prior is None  # nothing aggregated yet
     glob = {"w": np.zeros(2, np.float32)}
     s.global_arrays = glob
     s.begin_round(1, [])
@@ -174,7 +175,7 @@ def test_dpl_global_prior_is_the_aggregate_app_u_sent_with_the_model():
         }
 
     s.aggregate_train(1, [make_reply(glob, metrics(p), node=p) for p in apps])
-    sent = s.round_config(2, ConfigRecord())[contract.GLOBAL_PRIOR]
+    sent = s.instruction(2, 1, MessageType.TRAIN).global_prior
     assert np.allclose(sent, (apps[1] + apps[2]) / 2)
     _, t = trainer_for("fixmatch", "dpl=true", "dpl_prior=global")
     t.global_prior = torch.tensor(sent, dtype=torch.float32)

@@ -77,7 +77,7 @@ def test_the_workers_reply_and_kept_state_are_the_clientapps_own(node, monkeypat
     model = make_model(full, 10, 1)
     import json
 
-    config = ConfigRecord({"server-round": 1, "lr": 0.1, "run-config": json.dumps(full)})
+    config = ConfigRecord({"server-round": 1, "lr": 0.1, "client-config": json.dumps(full)})
     ctx = make_context(2)
     ctx.node_config.update(own)
     reply = client_app(make_instruction(ArrayRecord(model.state_dict()), config), ctx)
@@ -129,7 +129,7 @@ def test_an_error_in_the_worker_is_the_clientapps_error(node):
     ctx = make_context(2)
     ctx.node_config["data-path"] = str(files[2])
     config = ConfigRecord(
-        {"server-round": 1, "lr": 0.1, "run-config": json.dumps(full), contract.PARTITION: 1}
+        {"server-round": 1, "lr": 0.1, "client-config": json.dumps(full), contract.PARTITION: 1}
     )
     msg = make_instruction(ArrayRecord(make_model(full, 10, 1).state_dict()), config)
     reply = resident.forward("train", msg, ctx)  # the worker's error reply, passed on whole

@@ -9,6 +9,7 @@ import torch
 
 from fssl.checks import ConfigError
 from fssl.data import embedded_candidates
+from fssl.instruction import Instruction
 from fssl.partition import balanced_labeled_split, flower_partition, make_partition
 from server_app.config import resolve
 
@@ -157,14 +158,14 @@ def trainer_and_model(overrides, method="fixmatch"):
 def test_a_client_without_labels_learns_from_pseudo_labels_alone():
     trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch train.local_epochs=1")
     before = [p.detach().clone() for p in model.parameters()]
-    m = trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    m = trainer.fit(model, client(0, 64), Instruction(0.1, seed=1))
     assert m["num_labeled"] == 0 and m["loss_sup"] == 0.0
     assert m["pseudo_label_ratio"] > 0 and m["loss_unsup"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     # no confident pseudo-label, no label: nothing to learn, the model is left as it came
     trainer, model = trainer_and_model("train.tau=1.0 train.mode=fullbatch train.local_epochs=1")
     before = [p.detach().clone() for p in model.parameters()]
-    trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    trainer.fit(model, client(0, 64), Instruction(0.1, seed=1))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -172,10 +173,10 @@ def test_a_labeled_client_of_partial_clients_trains_on_its_labels_alone():
     trainer, model = trainer_and_model(
         "scenario=labels_at_partial_clients train.tau=0.05 train.mode=fullbatch"
     )
-    m = trainer.fit(model, client(20, 20), lr=0.1, seed=1)
+    m = trainer.fit(model, client(20, 20), Instruction(0.1, seed=1))
     assert m["loss_sup"] > 0 and m["loss_unsup"] == 0.0 and "pseudo_label_ratio" not in m
     trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch")  # the paper's
-    m = trainer.fit(model, client(20, 20), lr=0.1, seed=1)
+    m = trainer.fit(model, client(20, 20), Instruction(0.1, seed=1))
     assert m["loss_unsup"] > 0
 
 
@@ -193,15 +194,17 @@ def test_rounds_sample_only_clients_with_something_to_learn(method):
     base = "fl.num_clients=6 fl.fraction_train=0.5 train.warmup_rounds=2"
     s = strategy_for(f"{base} scenario=labels_at_partial_clients", method, sizes)
     for t in (1, 2):  # warm-up: labels only, so the labeled clients only
-        assert s.sample(t, 0.5) == [0, 1]
-    later = {p for t in range(3, 30) for p in s.sample(t, 0.5)}
+        assert s.sampler.sample(t, 0.5) == [0, 1]
+    later = {p for t in range(3, 30) for p in s.sampler.sample(t, 0.5)}
     assert later == ({0, 1} if method == "fedavg" else set(range(6)))
     s = strategy_for(f"{base} scenario=labels_at_server", method, [(0, 900)] * 6)
-    assert s.sample(1, 0.5) == [] and (s.sample(3, 0.5) == []) == (method == "fedavg")
+    assert s.sampler.sample(1, 0.5) == [] and (s.sampler.sample(3, 0.5) == []) == (
+        method == "fedavg"
+    )
     # labels at the clients: the draw is the one it always was
     s = strategy_for(base, method, [(10, 90)] * 6)
     rng = np.random.default_rng([0, 5, 7])
-    assert s.sample(5, 0.5) == sorted(int(i) for i in rng.choice(6, 3, replace=False))
+    assert s.sampler.sample(5, 0.5) == sorted(int(i) for i in rng.choice(6, 3, replace=False))
 
 
 def test_a_labeled_client_of_partial_clients_weighs_its_labels_once():
@@ -215,29 +218,34 @@ def test_a_labeled_client_of_partial_clients_weighs_its_labels_once():
         sizes,
     )
     parsed = [
-        {"metrics": {"partition_id": pid, "num_labeled": n_l, "num_unlabeled": n_u}}
+        {"metrics": {"partition_id": pid}, "sizes": (n_l, n_u)}
         for pid, (n_l, n_u) in ((0, sizes[0]), (2, sizes[2]))
     ]
-    assert np.allclose(s.aggregation_weights(parsed, 2)[0], [50 / 950, 900 / 950])
-    assert np.allclose(s.aggregation_weights(parsed, 1)[0], [1.0, 0.0])  # warm-up: labels only
+    assert np.allclose(s.coefficients(2, parsed), [50 / 950, 900 / 950])
+    assert np.allclose(s.coefficients(1, parsed), [1.0, 0.0])  # warm-up: labels only
 
 
 @pytest.mark.parametrize("method", ["semifl", "fixmatch"])
 def test_a_semifl_client_with_no_confident_pseudo_label_sits_the_round_out(method):
     """SemiFL's official code leaves such a client out of the update; here it keeps no weight and
     the others share it. Other methods weigh every reply as before."""
-    s = strategy_for("scenario=labels_at_server train.warmup_rounds=1", method, [(0, 900)] * 3)
+    s = strategy_for(
+        "scenario=labels_at_server train.warmup_rounds=1 server.weighting=uniform "
+        "server.warmup_weighting=uniform",
+        method,
+        [(0, 900)] * 3,
+    )
     parsed = [
         {"metrics": {"partition_id": i, "num_labeled": 0, "pseudo_label_count": c}}
         for i, c in enumerate((0, 30, 10))
     ]
     w = np.full(3, 1 / 3)
-    got = s.without_idle_clients(parsed, w, 2)
+    got = s.coefficients(2, parsed)
     assert np.allclose(got, [0, 0.5, 0.5] if method == "semifl" else w)
-    assert np.allclose(s.without_idle_clients(parsed, w, 1), w)  # warm-up: labels only
+    assert np.allclose(s.coefficients(1, parsed), w)  # warm-up: labels only
     for p in parsed:
         p["metrics"]["pseudo_label_count"] = 0
-    assert np.allclose(s.without_idle_clients(parsed, w, 2), 0 if method == "semifl" else w)
+    assert np.allclose(s.coefficients(2, parsed), 0 if method == "semifl" else w)
 
 
 def arrays(value, keys=("a.weight", "b.bias")):
@@ -248,13 +256,16 @@ def test_fedrgd_groups_average_with_the_servers_model_when_it_has_labels():
     s = strategy_for(
         "scenario=labels_at_server server.momentum=0 method.groups=2", "fedrgd", [(0, 900)] * 4
     )
-    s.global_arrays, s.server_arrays = arrays(0.0), arrays(6.0)
+    assert s.server_step == "parallel"  # the weight the clients leave goes to w_s
     coefficients = np.full(4, 1 / 3 / 2 * 2 / 2)  # two groups of two: each client 2/3 / 2 / 2
-    new = s.server_update([arrays(3.0)] * 4, coefficients)
+    replies = [{"arrays": arrays(3.0)}] * 4
+    new = s.update(arrays(0.0), replies, coefficients, s.round_record, residual=arrays(6.0))
     # w = sum_k c_k w_k + (1 - sum c) w_s = 2/3 * 3 + 1/3 * 6
     assert np.allclose(new["a.weight"], 4.0)
-    s.server_arrays = None  # labels at the clients: the global model stands in for w_s
-    assert np.allclose(s.server_update([arrays(3.0)] * 4, coefficients)["a.weight"], 2.0)
+    # labels at the clients: the global model stands in for w_s
+    assert np.allclose(
+        s.update(arrays(0.0), replies, coefficients, s.round_record)["a.weight"], 2.0
+    )
 
 
 def test_fedmatchs_server_trains_sigma_on_its_labels_and_leaves_psi():
@@ -369,10 +380,12 @@ def check_static_batchnorm(run_dir):
 
 def test_semifl_clients_without_labels_train_fix_and_mix_losses_alone():
     trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch", "semifl")
-    m = trainer.fit(model, client(0, 64), lr=0.1, seed=1)
+    m = trainer.fit(model, client(0, 64), Instruction(0.1, seed=1))
     assert m["loss_sup"] == 0.0 and m["loss_unsup"] > 0 and m["pseudo_label_ratio"] > 0
     trainer, model = trainer_and_model("train.tau=0.05 train.mode=fullbatch", "semifl")
-    m = trainer.fit(model, client(20, 64), lr=0.1, seed=1)  # the adaptation: CE on labels too
+    m = trainer.fit(
+        model, client(20, 64), Instruction(0.1, seed=1)
+    )  # the adaptation: CE on labels too
     assert m["loss_sup"] > 0
 
 

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import MessageType
 
 from fssl.checks import ConfigError
 from fssl.data import DataError, Dataset, split_validation
+from fssl.instruction import Instruction
 from fssl.methods import make_model, make_trainer
 from fssl.metrics import prediction_stats
 from fssl.models import build_model
@@ -158,18 +159,18 @@ def test_cnn_keeps_spatial_features_in_a_hidden_layer():
 def test_labels_only_weights_count_the_examples_a_client_trains_on():
     """n_m/N for labels-only FedAvg counts labels, not the unlabeled images it never sees."""
     parsed = [
-        {"metrics": {"partition_id": 0, "num_labeled": 1, "num_unlabeled": 600}},
-        {"metrics": {"partition_id": 1, "num_labeled": 9, "num_unlabeled": 100}},
+        {"metrics": {"partition_id": 0}, "sizes": (1, 600)},
+        {"metrics": {"partition_id": 1}, "sizes": (9, 100)},
     ]
     fedavg = make_strategy(compose(["method=fedavg", "server.weighting=samples"]), 10)
-    assert fedavg.aggregation_weights(parsed)[0].tolist() == pytest.approx([0.1, 0.9])
+    assert fedavg.weighting.weights(parsed, 20).tolist() == pytest.approx([0.1, 0.9])
     fixmatch = make_strategy(compose(["method=fixmatch", "server.weighting=samples"]), 10)
-    assert fixmatch.aggregation_weights(parsed)[0].tolist() == pytest.approx([601 / 710, 109 / 710])
+    assert fixmatch.weighting.weights(parsed, 20).tolist() == pytest.approx([601 / 710, 109 / 710])
 
 
 def test_warmup_rounds_send_a_zero_unlabeled_weight():
     s = make_strategy(compose(["train.warmup_rounds=3", "train.lambda_u=2.0"]), 10)
-    weights = [s.round_config(t, ConfigRecord())["lambda-u"] for t in (1, 3, 4, 9)]
+    weights = [s.instruction(t, 0, MessageType.TRAIN).lambda_u for t in (1, 3, 4, 9)]
     assert weights == [0.0, 0.0, 2.0, 2.0]
 
 
@@ -178,9 +179,9 @@ def test_warmup_round_trains_on_labels_only():
     trainer = make_trainer(cfg, cfg["data_meta"]["mean"], cfg["data_meta"]["std"], CPU)
     model = make_model(cfg, 10, 1)
     data = client_data_for(cfg, 0, CPU)
-    warm = trainer.fit(model, data, 0.03, seed=1, lambda_u=0.0)
+    warm = trainer.fit(model, data, Instruction(0.03, seed=1, lambda_u=0.0))
     assert warm["loss_unsup"] == 0.0 and "pseudo_label_count" not in warm
-    semi = trainer.fit(model, data, 0.03, seed=1, lambda_u=1.0)
+    semi = trainer.fit(model, data, Instruction(0.03, seed=1, lambda_u=1.0))
     assert semi["loss_unsup"] > 0 and semi["pseudo_label_count"] == semi["num_unlabeled"]
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import TINY
 
+from fssl.instruction import Instruction
 from fssl.methods import make_trainer, method_class
 from fssl.runtime import data_meta, dataset_for
 from server_app.config import compose
@@ -102,7 +103,9 @@ def test_a_client_round_trains_with_soft_weights_and_reports_mu_and_var():
     cfg["data_meta"] = meta = data_meta(dataset_for(cfg))
     t = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
     torch.manual_seed(0)
-    out = t.fit(make_model(cfg, 10, 1), client_data_for(cfg, 1, torch.device("cpu")), 0.1, 3)
+    out = t.fit(
+        make_model(cfg, 10, 1), client_data_for(cfg, 1, torch.device("cpu")), Instruction(0.1, 3)
+    )
     assert set(out["method"]) == {"mu", "var"} and 0 < out["method"]["mu"] <= 1
     assert 0 < out["pseudo_label_ratio"] <= 1 and out["loss_unsup"] > 0
 

@@ -22,6 +22,7 @@ from conftest import TINY, flower_pids
 
 from fssl.checks import ConfigError
 from fssl.config import run_config_to_overrides
+from fssl.instruction import Instruction
 from fssl.methods import method_class
 from fssl.methods.fixmatch import FixMatch
 from fssl.runtime import client_data_for, data_meta, dataset_for
@@ -66,7 +67,7 @@ def test_its_own_parameters_are_checked_and_its_weights_change_training():
         t = make_trainer(
             cfg, cfg["data_meta"]["mean"], cfg["data_meta"]["std"], torch.device("cpu")
         )
-        return t.fit(model, client_data_for(cfg, 1, torch.device("cpu")), 0.1, seed=7)
+        return t.fit(model, client_data_for(cfg, 1, torch.device("cpu")), Instruction(0.1, seed=7))
 
     weighted = fit(user_cfg("train.tau=0.95", "train.warmup_rounds=0"))
     assert 0 < weighted["method"]["mean_weight"] < 1  # its own figure of the round

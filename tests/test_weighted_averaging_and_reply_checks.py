@@ -6,9 +6,10 @@ import torch
 from conftest import make_metadata, make_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
+from fssl.instruction import Instruction
 from fssl.methods.dma import dma_weights
 from server_app.config import compose
-from strategy import WeightedAverage, make_strategy
+from strategy import MethodStrategy, make_strategy
 
 K = 3
 
@@ -64,7 +65,7 @@ def _start(strategy, global_arrays):
 
 def test_uniform_average_with_server_momentum_on_hand_built_replies():
     s = make_strategy(_cfg("dma.enabled=false", "server.momentum=0.5"), K)
-    assert type(s) is WeightedAverage
+    assert type(s) is MethodStrategy
     _start(s, _global())
     replies = [
         make_reply(_client([3.0, 2.0], 1.0, 4), _metrics(1, [0.2, 0.3, 0.5]), node=11),
@@ -102,7 +103,7 @@ def test_sample_weighting():
 
 def test_dma_weights_are_applied_and_logged():
     s = make_strategy(_cfg("server.momentum=0"), K)
-    assert type(s) is WeightedAverage and s.cfg["dma"]["enabled"]
+    assert type(s) is MethodStrategy and s.cfg["dma"]["enabled"]
     _start(s, _global())
     apps = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.1, 0.1, 0.8]]
     replies = [
@@ -138,13 +139,13 @@ def test_bad_replies_are_dropped_and_too_few_skip_the_round():
 
 def test_sampling_is_seeded_by_partition_not_node_ids():
     a, b = make_strategy(_cfg(), K), make_strategy(_cfg(), K)
-    a.bind_nodes({p: 1000 + p for p in range(4)})
-    b.bind_nodes({p: 77 * p + 5 for p in range(4)})
-    rounds_a = [a.sample(r, 0.5) for r in range(1, 20)]
-    assert rounds_a == [b.sample(r, 0.5) for r in range(1, 20)]
+    a.intake.bind_nodes({p: 1000 + p for p in range(4)})
+    b.intake.bind_nodes({p: 77 * p + 5 for p in range(4)})
+    rounds_a = [a.sampler.sample(r, 0.5) for r in range(1, 20)]
+    assert rounds_a == [b.sampler.sample(r, 0.5) for r in range(1, 20)]
     assert all(len(p) == 2 for p in rounds_a) and len({tuple(p) for p in rounds_a}) > 1
     c = make_strategy(_cfg("seed=5"), K)
-    assert [c.sample(r, 0.5) for r in range(1, 20)] != rounds_a
+    assert [c.sampler.sample(r, 0.5) for r in range(1, 20)] != rounds_a
 
 
 def test_always_sample_puts_a_partition_in_every_round():
@@ -152,9 +153,11 @@ def test_always_sample_puts_a_partition_in_every_round():
     forced = make_strategy(
         _cfg("fl.num_clients=20", "fl.fraction_train=0.25", "fl.always_sample=[3]"), K
     )
-    rounds = [forced.sample(r, 0.25) for r in range(1, 41)]
+    rounds = [forced.sampler.sample(r, 0.25) for r in range(1, 41)]
     assert all(len(p) == 5 == len(set(p)) and 3 in p for p in rounds)
-    assert sum(3 in plain.sample(r, 0.25) for r in range(1, 41)) < 40  # drawn by chance only
+    assert (
+        sum(3 in plain.sampler.sample(r, 0.25) for r in range(1, 41)) < 40
+    )  # drawn by chance only
     others = {q for p in rounds for q in p if q != 3}
     assert len(others) > 10 and others <= set(range(20))  # the rest still drawn at random
 
@@ -162,14 +165,22 @@ def test_always_sample_puts_a_partition_in_every_round():
 def test_configure_train_sends_config_and_lr(task_identity):
     cfg = _cfg("train.lr=0.2", "num_rounds=10")
     s = make_strategy(cfg, K)
-    s.bind_nodes({p: 100 + p for p in range(4)})
+    s.intake.bind_nodes({p: 100 + p for p in range(4)})
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     msgs = list(s.configure_train(6, arrays, ConfigRecord(), grid=None))
-    assert sorted(m.metadata.dst_node_id for m in msgs) == [100 + p for p in s.sample(6, 0.5)]
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [
+        100 + p for p in s.sampler.sample(6, 0.5)
+    ]
     conf = msgs[0].content["config"]
     assert conf["server-round"] == 6
     assert conf["lr"] == pytest.approx(0.2 * 0.5 * (1 + np.cos(np.pi * 5 / 10)))
-    assert json.loads(conf["run-config"])["train"]["lr"] == 0.2
+    client = json.loads(conf["client-config"])
+    assert client["train"]["lr"] == 0.2
+    # only the client's part goes on the wire: no server-only section or key
+    server_only = {"dma", "server", "dp", "logging", "checkpoint", "strategy", "num_rounds"}
+    assert not server_only & set(client) and set(client["fl"]) == {"num_clients"}
+    assert set(client["eval"]) == {"batch_size"} and "output_dir" not in client
+    assert set(msgs[0].content.config_records) == {"config"}  # no strategy terms here
 
 
 def test_federated_evaluation_is_optional_and_aggregated(task_identity):
@@ -177,10 +188,10 @@ def test_federated_evaluation_is_optional_and_aggregated(task_identity):
 
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     off = make_strategy(_cfg(), K)
-    off.bind_nodes({p: 100 + p for p in range(4)})
+    off.intake.bind_nodes({p: 100 + p for p in range(4)})
     assert list(off.configure_evaluate(1, arrays, ConfigRecord(), grid=None)) == []
     on = make_strategy(_cfg("fl.fraction_evaluate=1.0"), K)
-    on.bind_nodes({p: 100 + p for p in range(4)})
+    on.intake.bind_nodes({p: 100 + p for p in range(4)})
     msgs = list(on.configure_evaluate(1, arrays, ConfigRecord(), grid=None))
     assert sorted(m.metadata.dst_node_id for m in msgs) == [100, 101, 102, 103]
     replies = []
@@ -218,7 +229,7 @@ def test_odd_optional_metrics_do_not_break_the_round():
 
 def test_reply_claiming_another_partition_or_dtype_is_dropped():
     s = make_strategy(_cfg("dma.enabled=false"), K)
-    s.bind_nodes({0: 10, 1: 11, 2: 12})
+    s.intake.bind_nodes({0: 10, 1: 11, 2: 12})
     _start(s, _global())
     wrong_dtype = _client([1.0, 1.0])
     wrong_dtype["w"] = wrong_dtype["w"].astype(np.float64)
@@ -352,7 +363,7 @@ def test_the_null_trainer_returns_the_model_it_received_without_a_pass():
     data = ClientData(torch.zeros(4, 1, 2, 2), y_l, torch.zeros(6, 1, 2, 2), torch.zeros(6))
     trainer = NullTrainer.__new__(NullTrainer)
     trainer.num_classes = 3
-    metrics = trainer.fit(Untouchable(), data, 0.1, 0)
+    metrics = trainer.fit(Untouchable(), data, Instruction(0.1, 0))
     assert metrics["app_u"] == [1 / 3] * 3 and metrics["labeled_histogram"] == [1, 2, 1]
     assert metrics["num_unlabeled"] == 6 and trainer.momentum_out == {}
 
