@@ -74,6 +74,12 @@ def round_lr(cfg: dict, server_round: int) -> float:
     return cosine_lr(tr["lr"], server_round, cfg["num_rounds"], tr["lr_schedule"])
 
 
+def round_lambda_u(cfg: dict, server_round: int) -> float:
+    """The unlabeled loss weight of round t: 0 during the warm-up rounds, lambda_u after."""
+    tr = cfg["train"]
+    return 0.0 if server_round <= tr["warmup_rounds"] else float(tr["lambda_u"])
+
+
 def checked_targets(
     targets: torch.Tensor, mask: torch.Tensor, rows: int, num_classes: int, method: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,12 +25,12 @@ from flwr.serverapp.strategy import FedAvg
 
 from fssl.instruction import Instruction, client_config
 from fssl.methods import method_class
-from fssl.train import round_lr
+from fssl.train import round_lambda_u, round_lr
 
 from . import contract
 from .contract import arrays_to_numpy, client_record, numpy_to_arrays
 from .intake import ReplyIntake
-from .sampling import Sampler, round_lambda_u, warmup
+from .sampling import Sampler, warmup
 from .update import ServerUpdate, gradient_diversity
 from .weighting import policies
 
@@ -61,7 +61,7 @@ class RoundRecord:
     clients: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     skipped: bool = True
-    dma: dict[str, Any] | None = None
+    dma: dict[str, Any] | None = None  # DMA's diagnostics (a weighting policy's notes)
     robust: dict[str, Any] | None = None
     strategy: dict[str, Any] | None = None  # strategy=<name>: which one, weights used
     gradient_diversity: Any = None  # a value, or a callable computed when recorded

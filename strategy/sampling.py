@@ -11,12 +11,6 @@ import numpy as np
 from fssl.config import clients_per_round
 
 
-def round_lambda_u(cfg: dict[str, Any], server_round: int) -> float:
-    """Unlabeled loss weight of round t: 0 during the warm-up rounds, lambda_u after."""
-    tr = cfg["train"]
-    return 0.0 if server_round <= tr["warmup_rounds"] else float(tr["lambda_u"])
-
-
 def warmup(cfg: dict[str, Any], server_round: int) -> bool:
     """Whether round t is one of the labels-only warm-up rounds (train.warmup_rounds)."""
     return server_round <= cfg["train"]["warmup_rounds"]

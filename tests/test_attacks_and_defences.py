@@ -150,13 +150,17 @@ def test_a_nan_reply_is_dropped_and_the_round_goes_on(attacks_on, small_npz, tmp
 
 
 def test_the_median_rule_ignores_an_outlier_coordinate():
-    from strategy.robust import combine
+    from strategy.robust import rule_for
 
-    stack = np.array([[1.0, 2.0], [1.1, 2.1], [0.9, 1.9], [1e6, -1e6], [1.0, 2.0]])
-    w = np.full(5, 0.2)
-    assert combine(stack, w, "median", 0.2) == pytest.approx([1.0, 2.0])
-    assert combine(stack, w, "trimmed_mean", 0.2) == pytest.approx([1.0333, 1.9667], abs=1e-3)
-    assert abs(combine(stack, w, "mean", 0.2)[0]) > 1e5
+    rows = list(np.array([[1.0, 2.0], [1.1, 2.1], [0.9, 1.9], [1e6, -1e6], [1.0, 2.0]]))
+    w, rest = np.full(5, 0.2), np.zeros(2)
+
+    def combined(rule):
+        return rule_for({"rule": rule, "trim": 0.2}).combine(rest, rows, w)
+
+    assert combined("median") == pytest.approx([1.0, 2.0])
+    assert combined("trimmed_mean") == pytest.approx([1.0333, 1.9667], abs=1e-3)
+    assert abs(combined("mean")[0]) > 1e5
 
 
 def test_flowers_dp_wrapper_runs_around_the_projects_strategy(small_npz, tmp_path):

@@ -275,6 +275,18 @@ CASES = [
     ),
     ("methods", "a custom method without a class", "method='custom'", "method.trainer"),
     (
+        "strategies",
+        "a user weighting that is not a Weighting",
+        lambda t: f"overrides='server.weighting=\"{plain_class(t)}:Plain\"'",
+        "server.weighting",
+    ),
+    (
+        "strategies",
+        "a user robust rule file that is not there",
+        lambda t: f"overrides='server.robust.rule=\"{t}/rule.py:Mine\"'",
+        "server.robust.rule",
+    ),
+    (
         "data files",
         "a missing file",
         lambda t: f"dataset='npz' data-path='{t}/nothing.npz'",
