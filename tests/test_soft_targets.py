@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import TINY
 
 from fssl.checks import ConfigError
+from fssl.instruction import Instruction
 from fssl.methods import make_model, method_class
 from fssl.methods.fixmatch import FixMatch
 from fssl.runtime import data_meta, dataset_for
@@ -77,7 +78,7 @@ def test_the_figures_are_those_of_the_targets_training_used(labels, mode, forwar
     modes = [f"method.pseudo_labels={labels}", f"train.mode={mode}", f"train.forward={forward}"]
     t = trainer_for(*modes, "train.mu=2", soft=soft)
     torch.manual_seed(0)
-    out = t.fit(make_model(t.cfg, K, 1), synthetic(), 0.05, seed=3, lambda_u=1.0)
+    out = t.fit(make_model(t.cfg, K, 1), synthetic(), Instruction(0.05, seed=3, lambda_u=1.0))
     assert out["pseudo_label_ratio"] == 0.5 and out["pseudo_label_count"] == rows // 2
     assert sum(out["pseudo_label_histogram"]) == rows // 2 and out["loss_unsup"] > 0
     assert sum(out["pseudo_label_class_true"]) == rows // 2  # the kept rows by true class
@@ -88,7 +89,7 @@ def test_the_figures_are_those_of_the_targets_training_used(labels, mode, forwar
 
 def test_a_warm_up_round_makes_no_targets_and_reports_no_figures():
     t = trainer_for("method.pseudo_labels=online", "train.mu=2")
-    out = t.fit(make_model(t.cfg, K, 1), synthetic(), 0.05, seed=3, lambda_u=0.0)
+    out = t.fit(make_model(t.cfg, K, 1), synthetic(), Instruction(0.05, seed=3, lambda_u=0.0))
     assert "pseudo_label_ratio" not in out and out["loss_unsup"] == 0.0
 
 
