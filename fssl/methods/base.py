@@ -26,6 +26,7 @@ from ..losses import app_u, momentum_update, pseudo_label
 from ..sgd import SGD
 from ..train import ClientData, as_parts, checked_targets, compiled, no_grad_batch
 from . import dpl
+from .estimates import SLOT, Estimates
 
 
 class MethodServer:
@@ -134,6 +135,9 @@ class LocalTrainer:
     defaults: dict[str, Any] = {}
     server: type[MethodServer] = MethodServer  # the method's server side: plain averaging
     proximal_mu = 0.0  # FedProx's mu for the round (the instruction's `proximal-mu`)
+    # names of the running estimates a client keeps across its rounds (fssl/methods/estimates.py),
+    # in `self.estimates`: saved and restored with the client state, e.g. ("q_hat",)
+    keeps: tuple[str, ...] = ()
 
     # -- the class-level API ---------------------------------------------------------------
     @classmethod
@@ -164,6 +168,7 @@ class LocalTrainer:
         self.compiled: nn.Module | None = None
         self.tally: TargetTally | None = None  # a round's pseudo-label figures (count_targets)
         self.num_classes = cfg.get("data_meta", {}).get("num_classes", 0)  # fit: from APP-U
+        self.estimates = Estimates(self.keeps, device)
 
     # -- helpers ---------------------------------------------------------------------------
     def norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -282,15 +287,19 @@ class LocalTrainer:
 
     def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         """What this client kept from its last round (`client_state`), before the round; a
-        client's first round gets {}."""
+        client's first round gets {}. Here its estimates (`keeps`), on the device."""
+        self.estimates.restore(state.get(SLOT, {}))
 
     def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
         """What the client keeps for its next round, by name (tensors; the ClientApp stores
         them in Flower's context.state, so simulation and deployment alike). The base keeps the
-        SGD momentum when `train.optimizer_state: client` (the authors' code)."""
-        if self.tr["optimizer_state"] != "client":
-            return {}
-        return {"optimizer": self.momentum_out}
+        method's estimates (`keeps`) and the SGD momentum when `train.optimizer_state: client`
+        (the authors' code)."""
+        out = {"optimizer": self.momentum_out} if self.tr["optimizer_state"] == "client" else {}
+        estimates = self.estimates.saved()
+        if estimates:  # a client that has started none keeps no slot
+            out[SLOT] = estimates
+        return out
 
     def client_metrics(self) -> dict[str, float]:
         """The method's own figures of this client's round (a hook, after every round, warm-up
