@@ -15,6 +15,7 @@ from conftest import TINY, make_reply
 from fssl.instruction import Instruction
 from fssl.methods import discover, make_model, make_trainer
 from fssl.methods.dpl import debias
+from fssl.methods.estimates import SLOT
 from fssl.runtime import client_data_for, data_meta, dataset_for
 from fssl.train import ClientData
 from server_app.config import compose
@@ -35,6 +36,14 @@ def trainer_for(method, *extra):
     t = make_trainer(cfg, cfg["data_meta"]["mean"], cfg["data_meta"]["std"], torch.device("cpu"))
     t.load_client_state({})
     return cfg, t
+
+
+def start_every_estimate(t):
+    """A client's estimates for three classes and four unlabeled images, whichever it keeps."""
+    uniform = torch.full((3,), 1 / 3)
+    initial = {"q_hat": uniform, "p_model": uniform, "label_hist": uniform}
+    initial |= {"time_p": torch.tensor([1 / 3]), "selected": torch.full((4,), -1)}
+    t.estimates.start(**{name: initial[name] for name in t.keeps})
 
 
 def test_no_framework_code_names_a_method():
@@ -66,21 +75,27 @@ def test_every_method_has_a_yaml_and_a_display_name():
 
 def test_flexmatch_thresholds_follow_each_class_learning_effect_and_mask_before_update():
     _, t = trainer_for("flexmatch", "train.tau=0.9")
-    t.selected = torch.tensor([0, 0, 0, 1, -1, -1])
+    t.estimates["selected"] = torch.tensor([0, 0, 0, 1, -1, -1])
     # unused 2, sigma (3, 1, 0): beta = sigma / max(3, 2); T = beta / (2 - beta) * tau
     assert torch.allclose(t.thresholds(3), torch.tensor([0.9, 0.18, 0.0]))
     probs = torch.tensor([[0.1, 0.8, 0.1], [0.95, 0.03, 0.02], [0.1, 0.1, 0.8]])
     labels, mask = t.select(probs, torch.tensor([4, 5, 3]), learn=True)
     assert labels.tolist() == [1, 0, 2] and mask.tolist() == [True, True, True]
-    assert t.selected.tolist() == [0, 0, 0, 1, -1, 0]  # only image 5 was confident (0.95 >= 0.9)
+    assert t.estimates["selected"].tolist() == [
+        0,
+        0,
+        0,
+        1,
+        -1,
+        0,
+    ]  # only image 5 was confident (0.95 >= 0.9)
     t.cfg["method"]["threshold_warmup"] = False  # normalised by the largest class alone
     assert torch.allclose(t.thresholds(3), torch.tensor([0.9, 1 / 7 * 0.9, 0.0]))
 
 
 def test_freematch_thresholds_are_emas_of_confidence_and_its_fairness_term_is_the_authors():
     _, t = trainer_for("freematch", "method.ema=0.9")
-    t.estimates = {k: torch.full((3,), 1 / 3) for k in ("p_model", "label_hist")}
-    t.estimates["time_p"] = torch.tensor([1 / 3])
+    start_every_estimate(t)
     probs = torch.tensor([[0.9, 0.05, 0.05], [0.6, 0.3, 0.1]])
     labels, mask = t.select(probs, torch.tensor([0, 1]), learn=True)
     tau = 0.9 / 3 + 0.1 * 0.75
@@ -103,7 +118,7 @@ def test_freematch_thresholds_are_emas_of_confidence_and_its_fairness_term_is_th
 
 def test_debiaspl_labels_are_logit_adjusted_by_its_running_mean_prediction():
     _, t = trainer_for("debiaspl", "method.ema=0.5", "train.tau=0.5")
-    t.q_hat = torch.tensor([0.6, 0.3, 0.1])
+    t.estimates["q_hat"] = torch.tensor([0.6, 0.3, 0.1])
     probs = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
     labels, mask = t.select(probs, torch.tensor([0, 1]), learn=True)
     q = probs / torch.tensor([0.6, 0.3, 0.1]).sqrt()  # softmax(f - 0.5 log q) = norm(p / q^0.5)
@@ -111,7 +126,9 @@ def test_debiaspl_labels_are_logit_adjusted_by_its_running_mean_prediction():
     assert (
         labels.tolist() == q.argmax(1).tolist() and mask.tolist() == (q.max(1)[0] >= 0.5).tolist()
     )
-    assert torch.allclose(t.q_hat, 0.5 * torch.tensor([0.6, 0.3, 0.1]) + 0.5 * probs.mean(0))
+    assert torch.allclose(
+        t.estimates["q_hat"], 0.5 * torch.tensor([0.6, 0.3, 0.1]) + 0.5 * probs.mean(0)
+    )
     logits, target = torch.zeros(2, 3), torch.tensor([0, 2])
     margin = 0.5 * torch.tensor([0.6, 0.3, 0.1]).log()  # the q-hat the labels were made with
     expected = torch.nn.functional.cross_entropy(logits + margin, target)
@@ -123,21 +140,16 @@ def test_debiaspl_labels_are_logit_adjusted_by_its_running_mean_prediction():
 @pytest.mark.parametrize("method", ["fixmatch", "flexmatch", "freematch", "debiaspl", "semifl"])
 def test_dpl_composes_with_every_pseudo_labelling_method(method):
     _, t = trainer_for(method, "dpl=true")
-    t.selected = torch.full((4,), -1)
-    t.estimates = {k: torch.full((3,), 1 / 3) for k in ("p_model", "label_hist")}
-    t.estimates["time_p"] = torch.tensor([1 / 3])
-    t.q_hat = torch.full((3,), 1 / 3)
+    start_every_estimate(t)
     probs = torch.tensor([[0.5, 0.4, 0.1], [0.2, 0.5, 0.3], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])
     prior = torch.tensor([0.7, 0.2, 0.1])
     labels, _ = t.pseudo_labels(probs, prior, torch.arange(4))
     assert labels.tolist() == debias(probs, prior).argmax(1).tolist() != probs.argmax(1).tolist()
 
 
-@pytest.mark.parametrize(
-    "method,slot",
-    [("flexmatch", "flexmatch"), ("freematch", "freematch"), ("debiaspl", "debiaspl")],
-)
-def test_what_a_client_keeps_comes_back_in_its_next_round(method, slot):
+@pytest.mark.parametrize("method", ["flexmatch", "freematch", "debiaspl"])
+def test_what_a_client_keeps_comes_back_in_its_next_round(method):
+    slot = SLOT
     cfg = cfg_for(method, "train.tau=0.1")
     meta, cpu = cfg["data_meta"], torch.device("cpu")
     full = client_data_for(cfg, 1, cpu)  # its labels and 64 of its unlabeled images

@@ -21,11 +21,7 @@ def softmatch(*extra):
     t = make_trainer(cfg, meta["mean"], meta["std"], torch.device("cpu"))
     t.load_client_state({})
     k = 10
-    t.kept = {
-        "mu": torch.tensor(0.5),
-        "var": torch.tensor(0.04),
-        "p_hat": torch.full((k,), 1.0 / k),
-    }
+    t.estimates.start(mu=torch.tensor(0.5), var=torch.tensor(0.04), p_hat=torch.full((k,), 1.0 / k))
     return t
 
 
@@ -54,23 +50,23 @@ def test_uniform_alignment_sets_the_weights_and_not_the_labels():
     """USB: the label is the argmax of the probabilities as they come; the weight comes from the
     aligned ones, which divide by the model's mean prediction p-hat."""
     t = softmatch()
-    t.kept["p_hat"] = torch.tensor([0.4] + [0.6 / 9] * 9)
+    t.estimates["p_hat"] = torch.tensor([0.4] + [0.6 / 9] * 9)
     probs = torch.tensor([[0.6, 0.4] + [0.0] * 8])
     labels, weights = t.select(probs, None, learn=False)
     assert labels.item() == 0  # not aligned
-    aligned = probs / t.kept["p_hat"]
+    aligned = probs / t.estimates["p_hat"]
     conf = (aligned / aligned.sum()).max()  # class 1's 0.4 / (0.6/9) outweighs class 0's 0.6 / 0.4
     assert torch.allclose(weights, torch.exp(-((conf - 0.5).clamp(max=0) ** 2) / (2 * 0.04 / 4)))
 
 
 def test_p_hat_starts_at_a_new_clients_first_batch_mean():
     t = softmatch()
-    del t.kept["p_hat"]
+    del t.estimates.values["p_hat"]
     probs = torch.softmax(torch.randn(4, 10, generator=torch.Generator().manual_seed(2)), 1)
     t.select(probs, torch.arange(4), learn=False)  # the metrics pass: no alignment, no update
-    assert "p_hat" not in t.kept
+    assert "p_hat" not in t.estimates
     t.select(probs, torch.arange(4), learn=True)
-    assert torch.allclose(t.kept["p_hat"], probs.mean(0))
+    assert torch.allclose(t.estimates["p_hat"], probs.mean(0))
 
 
 def test_learning_updates_p_hat_from_raw_probabilities_then_mu_and_var_before_the_weights():
@@ -86,12 +82,13 @@ def test_learning_updates_p_hat_from_raw_probabilities_then_mu_and_var_before_th
     var = m * 0.04 + (1 - m) * conf.var(unbiased=True)
     labels, weights = t.select(debiased, torch.arange(6), learn=True, raw=raw)
     assert torch.equal(labels, debiased.argmax(1))
-    assert torch.allclose(t.kept["p_hat"], p_hat) and torch.allclose(t.kept["mu"], mu)
-    assert torch.allclose(t.kept["var"], var)
+    s = t.estimates
+    assert torch.allclose(s["p_hat"], p_hat) and torch.allclose(s["mu"], mu)
+    assert torch.allclose(s["var"], var)
     spread = 2 * var / 4.0
     assert torch.allclose(weights, torch.exp(-((conf - mu).clamp(max=0) ** 2) / spread))
     assert t.client_metrics() == pytest.approx({"mu": float(mu), "var": float(var)})
-    kept = t.client_state()["softmatch"]
+    kept = t.client_state()["estimates"]
     assert set(kept) == {"mu", "var", "p_hat"} and math.isclose(float(kept["mu"]), float(mu))
 
 

@@ -3,8 +3,8 @@
 A method is a `fssl.methods.base.LocalTrainer` subclass decorated with `@register("<name>")`; its module
 and `conf/method/<name>.yaml` are all there is to it (docs/methods.md, "Adding a method"). The class
 owns its local training step and hooks, its parameters under `method` (`check_params`), its model
-wrapper (`wrap_model`), what it keeps per client between rounds (`client_state`), its display name,
-and its server side (`server`: a `MethodServer` subclass, framework-free). A user's method loads by
+wrapper (`wrap_model`), what it keeps per client between rounds (`keeps`, `client_state`), its
+display name, and its server side (`server`: a `MethodServer` subclass, framework-free). A user's method loads by
 path, `method.trainer='my_pkg.my_module:MyMethod'` or `'/path/to/file.py:MyMethod'`, and follows
 the same interface; the framework asks the registry, never a method's name.
 

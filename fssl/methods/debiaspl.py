@@ -32,35 +32,26 @@ from .fixmatch import FixMatch
 @register("debiaspl")
 class DebiasPL(FixMatch):
     display = "DebiasPL"
+    keeps = ("q_hat",)
 
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:
         number({"method": m}, "method.ema", low=0, high=1, open_high=True, default=None)
         number({"method": m}, "method.debias", low=0, default=None)
 
-    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        kept = state.get("debiaspl", {}).get("q_hat")
-        self.q_hat = kept.to(self.device) if kept is not None else None
-
-    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        out = super().client_state()
-        if self.q_hat is not None:
-            out["debiaspl"] = {"q_hat": self.q_hat.cpu()}
-        return out
-
     def begin_round(self, model, data, probs_u, prior):
         k = probs_u.shape[1]
-        if self.q_hat is None or len(self.q_hat) != k:  # a new client
-            self.q_hat = torch.full((k,), 1.0 / k, device=self.device)
+        self.estimates.start(q_hat=torch.full((k,), 1.0 / k, device=self.device))
         return super().begin_round(model, data, probs_u, prior)
 
     def select(self, probs, idx, learn, raw=None):
-        adjusted = probs * self.q_hat.pow(-self.cfg["method"]["debias"])
+        q_hat = self.estimates["q_hat"]
+        adjusted = probs * q_hat.pow(-self.cfg["method"]["debias"])
         conf, labels = (adjusted / adjusted.sum(1, keepdim=True)).max(1)
-        self.margin = self.cfg["method"]["debias"] * self.q_hat.log()  # for this step's loss
+        self.margin = self.cfg["method"]["debias"] * q_hat.log()  # for this step's loss
         if learn:  # q-hat follows the model's own mean prediction
-            m = self.cfg["method"]["ema"]
-            self.q_hat = m * self.q_hat + (1 - m) * (probs if raw is None else raw).mean(0)
+            mean = (probs if raw is None else raw).mean(0)
+            self.estimates.update("q_hat", mean, self.cfg["method"]["ema"])
         return labels, conf >= self.tr["tau"]
 
     def unlabeled_loss(self, logits, target, mask, denom, idx=None):

@@ -3,7 +3,8 @@ kept when max p >= tau, cross-entropy on strong views. FedDB is this class with 
 (conf/method/feddb.yaml); the pseudo-labelling methods that vary it subclass it and override a hook:
 `select` (how targets, hard labels or distributions, and their mask are made from weak-view
 probabilities, after DPL, and what the method learns from them), `unlabeled_loss` (the loss on
-strong views), `client_state` (what a client keeps between its rounds)."""
+strong views), `keeps` (the estimates a client keeps between its rounds:
+fssl/methods/estimates.py)."""
 
 from __future__ import annotations
 

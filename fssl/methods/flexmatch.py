@@ -30,24 +30,15 @@ from .fixmatch import FixMatch
 @register("flexmatch")
 class FlexMatch(FixMatch):
     display = "FlexMatch"
+    keeps = ("selected",)  # each unlabeled image's latest confident class, -1: none yet
 
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:
         boolean({"method": m}, "method.threshold_warmup", default=True)
 
-    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        kept = state.get("flexmatch", {}).get("selected")
-        self.selected = kept.to(self.device) if kept is not None else None
-
-    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        out = super().client_state()
-        if self.selected is not None:
-            out["flexmatch"] = {"selected": self.selected.cpu()}
-        return out
-
     def thresholds(self, n_classes: int) -> torch.Tensor:
         """T(c) = M(beta(c)) tau from the images' latest confident predictions."""
-        counts = torch.bincount(self.selected + 1, minlength=n_classes + 1).double()
+        counts = torch.bincount(self.estimates["selected"] + 1, minlength=n_classes + 1).double()
         unused, sigma = counts[0], counts[1:]
         if self.cfg["method"]["threshold_warmup"]:
             scale = torch.maximum(sigma.max(), unused)
@@ -57,8 +48,8 @@ class FlexMatch(FixMatch):
         return (beta / (2.0 - beta) * self.tr["tau"]).float()
 
     def begin_round(self, model, data, probs_u, prior):
-        if self.selected is None or len(self.selected) != len(data.y_u):  # a new client
-            self.selected = torch.full((len(data.y_u),), -1, dtype=torch.long, device=self.device)
+        n = len(data.y_u)
+        self.estimates.start(selected=torch.full((n,), -1, dtype=torch.long, device=self.device))
         return super().begin_round(model, data, probs_u, prior)
 
     def select(self, probs, idx, learn, raw=None):
@@ -66,5 +57,5 @@ class FlexMatch(FixMatch):
         mask = conf >= self.thresholds(probs.shape[1])[labels]
         if learn:  # after the mask, as the authors' code
             confident = conf >= self.tr["tau"]
-            self.selected[idx[confident]] = labels[confident]
+            self.estimates["selected"][idx[confident]] = labels[confident]
         return labels, mask

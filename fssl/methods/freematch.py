@@ -31,46 +31,32 @@ from ..checks import number
 from . import register
 from .fixmatch import FixMatch
 
-KEYS = ("time_p", "p_model", "label_hist")
-
 
 @register("freematch")
 class FreeMatch(FixMatch):
     display = "FreeMatch"
+    keeps = ("time_p", "p_model", "label_hist")  # tau_t, p~, h~
 
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:
         number({"method": m}, "method.ema", low=0, high=1, open_high=True, default=None)
         number({"method": m}, "method.lambda_f", low=0, default=None)
 
-    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        kept = state.get("freematch")
-        self.estimates = {k: kept[k].to(self.device) for k in KEYS} if kept else None
-
-    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        out = super().client_state()
-        if self.estimates is not None:
-            out["freematch"] = {k: v.cpu() for k, v in self.estimates.items()}
-        return out
-
     def begin_round(self, model, data, probs_u, prior):
         k = probs_u.shape[1]
-        if self.estimates is None or len(self.estimates["p_model"]) != k:  # a new client
-            uniform = torch.full((k,), 1.0 / k, device=self.device)
-            self.estimates = {
-                "time_p": uniform[:1].clone(),
-                "p_model": uniform,
-                "label_hist": uniform.clone(),
-            }
+        uniform = torch.full((k,), 1.0 / k, device=self.device)
+        self.estimates.start(
+            time_p=uniform[:1].clone(), p_model=uniform, label_hist=uniform.clone()
+        )
         return super().begin_round(model, data, probs_u, prior)
 
     def update(self, probs: torch.Tensor) -> None:
         m, e = self.cfg["method"]["ema"], self.estimates
         conf, labels = probs.max(1)
         hist = torch.bincount(labels, minlength=probs.shape[1]).to(probs.dtype)
-        e["time_p"] = m * e["time_p"] + (1 - m) * conf.mean()
-        e["p_model"] = m * e["p_model"] + (1 - m) * probs.mean(0)
-        e["label_hist"] = m * e["label_hist"] + (1 - m) * hist / hist.sum()
+        e.update("time_p", conf.mean(), m)
+        e.update("p_model", probs.mean(0), m)
+        e.update("label_hist", hist / hist.sum(), m)
 
     def select(self, probs, idx, learn, raw=None):
         if learn:  # before the mask, as the authors' code; of the model's own probabilities

@@ -36,47 +36,35 @@ from .fixmatch import FixMatch
 @register("softmatch")
 class SoftMatch(FixMatch):
     display = "SoftMatch"
+    keeps = ("p_hat", "mu", "var")
 
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:
         number({"method": m}, "method.ema", low=0, high=1, open_high=True, default=None)
         number({"method": m}, "method.n_sigma", low=0, open_low=True, default=None)
 
-    def load_client_state(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        kept = state.get("softmatch", {})
-        self.kept = {k: v.to(self.device) for k, v in kept.items()}
-
-    def client_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        out = super().client_state()
-        if self.kept:
-            out["softmatch"] = {k: v.cpu() for k, v in self.kept.items()}
-        return out
-
     def begin_round(self, model, data, probs_u, prior):
         k = probs_u.shape[1]
-        if self.kept.get("mu") is None:  # a new client; p-hat waits for its first batch
-            self.kept = {
-                "mu": torch.tensor(1.0 / k, device=self.device),
-                "var": torch.tensor(1.0, device=self.device),
-            }
+        self.estimates.start(  # a new client's; p-hat waits for its first batch
+            mu=torch.tensor(1.0 / k, device=self.device), var=torch.tensor(1.0, device=self.device)
+        )
         return super().begin_round(model, data, probs_u, prior)
 
     def select(self, probs, idx, learn, raw=None):
-        s = self.kept
+        s, m = self.estimates, self.cfg["method"]["ema"]
         if learn:  # p-hat from the model's own probabilities, before the alignment
-            m, mean = self.cfg["method"]["ema"], (probs if raw is None else raw).mean(0)
-            s["p_hat"] = mean if s.get("p_hat") is None else m * s["p_hat"] + (1 - m) * mean
+            s.update("p_hat", (probs if raw is None else raw).mean(0), m)
         labels = probs.argmax(1)  # not aligned (USB)
-        aligned = probs if s.get("p_hat") is None else probs / s["p_hat"]  # target 1/K cancels
+        aligned = probs if "p_hat" not in s else probs / s["p_hat"]  # target 1/K cancels
         aligned = aligned / aligned.sum(1, keepdim=True)
         conf = aligned.max(1).values
         if learn and len(conf) > 1:  # mu and sigma^2 of the batch, before its weights
-            m = self.cfg["method"]["ema"]
-            s["mu"] = m * s["mu"] + (1 - m) * conf.mean()
-            s["var"] = m * s["var"] + (1 - m) * conf.var(unbiased=True)
+            s.update("mu", conf.mean(), m)
+            s.update("var", conf.var(unbiased=True), m)
         spread = 2 * s["var"] / self.cfg["method"]["n_sigma"] ** 2
         weights = torch.exp(-((conf - s["mu"]).clamp(max=0.0) ** 2) / spread)
         return labels, weights
 
     def client_metrics(self) -> dict[str, float]:
-        return {"mu": float(self.kept["mu"]), "var": float(self.kept["var"])} if self.kept else {}
+        s = self.estimates
+        return {"mu": float(s["mu"]), "var": float(s["var"])} if "mu" in s else {}
