@@ -705,7 +705,16 @@ def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
             "method.static_bn=false (running statistics), or scenario=labels_at_server"
         )
     rounds, warmup = cfg["num_rounds"], cfg["train"]["warmup_rounds"]
-    semi = method_class(cfg["method"]["trainer"]).uses_unlabeled
+    cls = method_class(cfg["method"]["trainer"])
+    semi, defined_for = cls.uses_unlabeled, getattr(cls, "scenarios", None)
+    if defined_for is not None and name not in defined_for:
+        raise ConfigError(
+            f"method {method} is defined for scenario {' or '.join(defined_for)}, and this "
+            f"run's is {name}: set scenario={defined_for[0]}, or choose another method"
+        )
+    for switch, on in (("dpl", cfg["dpl"]), ("dma", cfg["dma"]["enabled"])):
+        if on and switch in getattr(cls, "refuses", {}):
+            raise ConfigError(f"{switch}=true with method {method}: {cls.refuses[switch]}")
     if cfg["dpl"] and not semi:
         raise ConfigError(
             f"dpl=true with method {method}: DPL debiases pseudo-labels, and {method} trains on "

@@ -152,7 +152,9 @@ class MethodStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.global_arrays = arrays_to_numpy(arrays)
-        pids = self.sampler.sample(server_round, self.cfg["fl"]["fraction_train"])
+        sampled = self.sampler.sample(server_round, self.cfg["fl"]["fraction_train"])
+        pool = self.sampler.eligible(self.sampler.labels_only_round(server_round))
+        pids = self.method.clients(server_round, pool, sampled)
         self.begin_round(server_round, pids)
         # kept: once pushed, each carries its message id, which its reply (an error made by the
         # SuperLink for a node gone silent included) answers
@@ -221,7 +223,9 @@ class MethodStrategy(FedAvg):
         client_arrays = [p["arrays"] for p in parsed]
         record.gradient_diversity = lambda: gradient_diversity(old, client_arrays)
         residual = self.server_arrays if self.server_step == "parallel" else None
-        new = self.update(old, parsed, coefficients, record, residual)
+        new = self.method.after_update(
+            server_round, old, self.update(old, parsed, coefficients, record, residual)
+        )
         record.clients = [
             client_record(p["metrics"], float(w)) for p, w in zip(parsed, coefficients)
         ]
@@ -245,7 +249,7 @@ class MethodStrategy(FedAvg):
             if idle.any():
                 kept = np.where(idle, 0.0, weights)
                 weights = kept / kept.sum() if kept.sum() > 0 else kept
-        return self.method.coefficients(server_round, [p["metrics"] for p in parsed], weights)
+        return self.method.coefficients(server_round, parsed, weights)
 
     def aggregated_app_u(
         self, parsed: list[dict[str, Any]], coefficients: np.ndarray

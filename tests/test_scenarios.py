@@ -549,3 +549,15 @@ def test_labels_at_partial_clients_trains_the_labeled_clients_alone_in_the_warm_
         assert (c["num_labeled"] > 0) == labeled and (c["pseudo_label_ratio"] == 0) == labeled
     hist = json.loads((out / "partition_summary.json").read_text())
     assert sum(hist["server"]) == 0 and [sum(h) for h in hist["labeled"]][2:] == [0, 0]
+
+
+@pytest.mark.parametrize("method", ["rscfed"])
+def test_the_partial_clients_methods_run_their_own_rounds(tmp_path, method):
+    """RSCFed trains the union of its subsets after the warm-up and weighs them by distance."""
+    out, rounds = run_scenario(tmp_path, method, "labels_at_partial_clients")
+    assert [r["round"] for r in rounds] == [1, 2] and 0 < rounds[-1]["test_accuracy"] <= 1
+    assert {c["partition_id"] for c in rounds[0]["clients"]} <= {0, 1}
+    subsets = rounds[1]["method_notes"]["subsets"]
+    trained = {c["partition_id"] for c in rounds[1]["clients"]}
+    assert trained == {p for s in subsets for p in s["clients"]} and len(subsets) == 3
+    assert np.isclose(sum(c["weight"] for c in rounds[1]["clients"]), 1.0)

@@ -47,11 +47,17 @@ class MethodServer:
         self.cfg, self.num_classes = cfg, num_classes
         self.notes: dict[str, Any] = {}
 
+    def clients(self, server_round: int, pool: list[int], sampled: list[int]) -> list[int]:
+        """The partitions the round trains: the strategy's draw `sampled` from `pool` (those the
+        round may sample), or the method's own choice among `pool`."""
+        return sampled
+
     def coefficients(
-        self, server_round: int, metrics: list[dict[str, Any]], weights: np.ndarray
+        self, server_round: int, replies: list[dict[str, Any]], weights: np.ndarray
     ) -> np.ndarray:
-        """Each client's coefficient in the aggregate; what they leave stays on the global (or
-        server) model."""
+        """Each client's coefficient in the aggregate from the round's valid replies (`arrays`,
+        `metrics`, `sizes` the server trusts each) and the weighting policy's `weights`; what they
+        leave stays on the global (or server) model."""
         return weights
 
     def sits_out(self, metrics: dict[str, Any]) -> bool:
@@ -62,6 +68,12 @@ class MethodServer:
     def records_for(self, pid: int, server_round: int) -> dict[str, dict[str, np.ndarray]]:
         """Named arrays a client receives with its train instruction, besides the global model."""
         return {}
+
+    def after_update(
+        self, server_round: int, old: dict[str, np.ndarray], new: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """The global model to keep from the update's `new` (the round's entering one: `old`)."""
+        return new
 
     def after_aggregate(self, server_round: int, parsed: list[dict[str, Any]]) -> None:
         """Caches built from the round's valid replies (arrays, metrics, app_u each)."""
@@ -138,6 +150,10 @@ class LocalTrainer:
     # names of the running estimates a client keeps across its rounds (fssl/methods/estimates.py),
     # in `self.estimates`: saved and restored with the client state, e.g. ("q_hat",)
     keeps: tuple[str, ...] = ()
+    # the scenarios the method is defined for (None: all), and a one-line refusal of a switch
+    # that cannot act on it ("dpl", "dma": the reason and the fix), read by fssl/config.py
+    scenarios: tuple[str, ...] | None = None
+    refuses: dict[str, str] = {}
 
     # -- the class-level API ---------------------------------------------------------------
     @classmethod

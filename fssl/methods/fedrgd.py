@@ -37,14 +37,14 @@ class FedRGDServer(MethodServer):
         return [np.sort(g) for g in np.array_split(rng.permutation(n), s)]
 
     def coefficients(
-        self, server_round: int, metrics: list[dict[str, Any]], weights: np.ndarray
+        self, server_round: int, replies: list[dict[str, Any]], weights: np.ndarray
     ) -> np.ndarray:
-        groups = self.groups(server_round, len(metrics))
-        out = np.zeros(len(metrics))
+        groups = self.groups(server_round, len(replies))
+        out = np.zeros(len(replies))
         for g in groups:
             share = weights[g] / weights[g].sum()
             out[g] = share * len(g) / (len(g) + 1) / len(groups)
-        self.notes["groups"] = [[metrics[i]["partition_id"] for i in g] for g in groups]
+        self.notes["groups"] = [[replies[i]["metrics"]["partition_id"] for i in g] for g in groups]
         return out
 
 
