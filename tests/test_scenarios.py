@@ -551,12 +551,20 @@ def test_labels_at_partial_clients_trains_the_labeled_clients_alone_in_the_warm_
     assert sum(hist["server"]) == 0 and [sum(h) for h in hist["labeled"]][2:] == [0, 0]
 
 
-@pytest.mark.parametrize("method", ["rscfed"])
+@pytest.mark.parametrize("method", ["rscfed", "cbafed"])
 def test_the_partial_clients_methods_run_their_own_rounds(tmp_path, method):
-    """RSCFed trains the union of its subsets after the warm-up and weighs them by distance."""
+    """RSCFed trains the union of its subsets after the warm-up and weighs them by distance;
+    CBAFed's thresholds come from the warm-up's labels, and clients weigh by their kept labels."""
     out, rounds = run_scenario(tmp_path, method, "labels_at_partial_clients")
     assert [r["round"] for r in rounds] == [1, 2] and 0 < rounds[-1]["test_accuracy"] <= 1
     assert {c["partition_id"] for c in rounds[0]["clients"]} <= {0, 1}
+    if method == "cbafed":
+        assert len(rounds[0]["method_notes"]["thresholds"]) == 10
+        for c in rounds[1]["clients"]:
+            assert (c["weight"] == 0) == (
+                c["num_labeled"] == 0 and not any(c["pseudo_label_histogram"])
+            )
+        return
     subsets = rounds[1]["method_notes"]["subsets"]
     trained = {c["partition_id"] for c in rounds[1]["clients"]}
     assert trained == {p for s in subsets for p in s["clients"]} and len(subsets) == 3
