@@ -146,12 +146,16 @@ class CBAFed(FixMatch):
         for key in ("tau_base", "tau_cap", "second_below", "sup_residual_keep", "residual_keep"):
             number(wrap, f"method.{key}", low=0, high=1, default=None)
         number(wrap, "method.unsup_lr_scale", low=0, open_low=True, default=None)
+        integer(wrap, "method.pretrain_epochs", low=1, default=None, nullable="the warm-up's")
 
     def fit(self, model, data, instruction, client_state=None):
-        self.labeled = len(data.y_l) > 0
-        self.residual = self.labeled and instruction.lambda_u != 0  # after the warm-up
+        m, self.labeled = self.cfg["method"], len(data.y_l) > 0
+        # a labeled client's epochs: sup_epochs after the warm-up; pretrain_epochs (stage 1 of
+        # their code) in a warm-up round, when set; either way with the local residual
+        epochs = m["sup_epochs"] if instruction.lambda_u != 0 else m.get("pretrain_epochs")
+        self.residual = self.labeled and epochs is not None
         if self.residual:
-            self.tr = {**self.cfg["train"], "local_epochs": self.cfg["method"]["sup_epochs"]}
+            self.tr = {**self.cfg["train"], "local_epochs": epochs}
         self.epochs_done, self.kept_weights = 0, {}
         return super().fit(model, data, instruction, client_state)
 
