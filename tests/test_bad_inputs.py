@@ -274,6 +274,13 @@ CASES = [
         "Missing",
     ),
     ("methods", "a custom method without a class", "method='custom'", "method.trainer"),
+    ("methods", "a method outside its scenario", "method='cbafed'", "scenario"),
+    (
+        "methods",
+        "a switch the method refuses",
+        "method='rscfed' scenario='labels_at_partial_clients' dpl=true",
+        "dpl",
+    ),
     (
         "strategies",
         "a user weighting that is not a Weighting",
