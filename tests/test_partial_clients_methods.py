@@ -132,3 +132,18 @@ def test_what_the_partial_clients_methods_refuse(method, extra, match):
         rc["overrides"] = extra
     with pytest.raises(ConfigError, match=match):
         resolve(rc)
+
+
+def test_cbafeds_labeled_client_mixes_back_its_recorded_weights_every_fifth_epoch():
+    """With sup_residual_keep=1 the mixes at epochs 5 and 10 return the weights after epoch 0, so
+    11 epochs upload what 1 epoch does (same seed)."""
+    base = f"{PARTIAL} train.mode=minibatch train.local_steps=2 train.batch_size=8"
+    uploads = []
+    for epochs in (11, 1):
+        trainer, model = trainer_and_model(
+            f"{base} method.sup_epochs={epochs} method.sup_residual_keep=1.0", "cbafed"
+        )
+        trainer.fit(model, client(16, 16), Instruction(0.1, seed=1, lambda_u=1.0))
+        uploads.append(model.state_dict())
+    for key, value in uploads[0].items():
+        assert torch.allclose(value, uploads[1][key]), key

@@ -154,8 +154,9 @@ class CBAFed(FixMatch):
         # their code) in a warm-up round, when set; either way with the local residual
         epochs = m["sup_epochs"] if instruction.lambda_u != 0 else m.get("pretrain_epochs")
         self.residual = self.labeled and epochs is not None
-        if self.residual:
-            self.tr = {**self.cfg["train"], "local_epochs": epochs}
+        self.tr = (
+            {**self.cfg["train"], "local_epochs": epochs} if self.residual else self.cfg["train"]
+        )
         self.epochs_done, self.kept_weights = 0, {}
         return super().fit(model, data, instruction, client_state)
 
