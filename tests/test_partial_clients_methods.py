@@ -113,25 +113,15 @@ def test_cbafeds_server_mixes_the_recorded_model_back_every_fifth_round():
 
 
 @pytest.mark.parametrize(
-    "method,extra,match",
-    [
-        ("rscfed", "dpl=true", "dpl=true with method rscfed: RSCFed's unlabeled loss"),
-        ("rscfed", "dma=true", "dma=true with method rscfed: RSCFed's weights are its own"),
-        ("cbafed", "scenario=labels_at_clients", "method cbafed is defined for scenario"),
+    "method,overrides,match",
+    [  # a scenario, dpl: tests/test_bad_inputs.py
+        ("rscfed", "dma.enabled=true", "dma=true with method rscfed: RSCFed's weights are its own"),
         ("cbafed", "method.pseudo_labels=online", "method.pseudo_labels=online with method cbafed"),
     ],
 )
-def test_what_the_partial_clients_methods_refuse(method, extra, match):
-    key, _, value = extra.partition("=")
-    rc = {"method": method, "scenario": "labels_at_partial_clients"}
-    if key in ("dpl", "dma"):
-        rc[key] = value == "true"
-    elif key == "scenario":
-        rc["scenario"] = value
-    else:
-        rc["overrides"] = extra
+def test_what_the_partial_clients_methods_refuse(method, overrides, match):
     with pytest.raises(ConfigError, match=match):
-        resolve(rc)
+        resolve({"method": method, "scenario": "labels_at_partial_clients", "overrides": overrides})
 
 
 def test_cbafeds_labeled_client_mixes_back_its_recorded_weights_every_fifth_epoch():
