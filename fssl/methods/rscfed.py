@@ -152,6 +152,7 @@ class RSCFed(LocalTrainer):
         )
 
     def load_client_state(self, state):
+        super().load_client_state(state)
         self.kept = state.get("rscfed", {})
 
     def begin_round(self, model, data, probs_u, prior):
