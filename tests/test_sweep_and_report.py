@@ -246,8 +246,10 @@ def test_every_preset_sweeps_known_rows_of_a_real_experiment(preset):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from feddb.launch import parse_run_config
     from feddb.rows import table
     from fssl.checks import lookup
+    from fssl.config import run_config_to_overrides
 
     with initialize_config_dir(config_dir=str(PROJECT / "conf" / "sweeps"), version_base=None):
         cfg = hydra_compose(
@@ -258,13 +260,9 @@ def test_every_preset_sweeps_known_rows_of_a_real_experiment(preset):
     assert set(names) <= set(table())
     for part in str(params.get("partition", cfg.partition)).split(","):
         for name in names if "value" in params else names[:1]:
-            run = compose(
-                [
-                    f"experiment={cfg.experiment}",
-                    f"partition={part}",
-                    f"method={table()[name].method}",
-                ]
-            )
+            given = parse_run_config(cfg.run_config or "")  # e.g. the preset's scenario
+            given |= {"experiment": cfg.experiment, "partition": part}
+            run = compose(run_config_to_overrides(given | {"method": table()[name].method}))
             parent, key = lookup(run, cfg.tune)
             assert key in parent, (name, cfg.tune)
 
@@ -609,7 +607,7 @@ def test_the_floor_counts_a_sweeps_runs_and_a_run_from_three_short_ones(tmp_path
     assert all("experiment='miniature'" in r["run_config"] for r in rows)
     with pytest.raises(
         SystemExit,
-        match="no sweep preset 'nope'; choose from cause_exact, cause_exact_more, claims_authors",
+        match="no sweep preset 'nope'; choose from cause_exact, cause_exact_more, ",
     ):
         sweep_rows(["nope"])
     tiny = (
