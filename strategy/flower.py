@@ -287,16 +287,7 @@ class InnerUpdate(ServerUpdate):
             out.append(Message(content=content, dst_node_id=0, message_type=MessageType.TRAIN))
         return out
 
-    def __call__(
-        self,
-        old: dict[str, np.ndarray],
-        replies: list[dict[str, Any]],
-        weights: np.ndarray,
-        record: Any,
-        residual: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, np.ndarray]:
-        client_arrays = [r["arrays"] for r in replies]
-        client_arrays, weights = self.defend(old, client_arrays, weights, record, residual)
+    def combine(self, old, replies, client_arrays, weights, record, residual):
         kept = (record.robust or {}).get("selected")  # server.robust.min_cosine
         parsed = [replies[i] for i in kept] if kept is not None else replies
         name = self.cfg["strategy"]["name"]

@@ -93,6 +93,19 @@ class ServerUpdate:
         coefficients; `residual`: where the weight the clients leave goes (None: on `old`)."""
         client_arrays = [r["arrays"] for r in replies]
         client_arrays, weights = self.defend(old, client_arrays, weights, record, residual)
+        return self.combine(old, replies, client_arrays, weights, record, residual)
+
+    def combine(
+        self,
+        old: dict[str, np.ndarray],
+        replies: list[dict[str, Any]],
+        client_arrays: list[dict[str, np.ndarray]],
+        weights: np.ndarray,
+        record: Any,
+        residual: dict[str, np.ndarray] | None,
+    ) -> dict[str, np.ndarray]:
+        """The defended arrays and weights into the new global model: the robust rule's
+        average, then server momentum (a Flower strategy's update overrides this step)."""
         s, mu = self.cfg["server"]["lr"], self.cfg["server"]["momentum"]
         new: dict[str, np.ndarray] = {}
         for key, current in old.items():
