@@ -169,6 +169,14 @@ def measure(args) -> dict:
     return results
 
 
+def paired_ratio(results: dict) -> str:
+    """The fast path's round over the reference path's, repeat by repeat (the two runs of a repeat
+    run back to back, so they share the machine's load): the median ratio and its range."""
+    alone_s = results["alone_round_seconds"]
+    ratios = [f / r for f, r in zip(alone_s["fast"], alone_s["reference"], strict=True)]
+    return f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
+
+
 def table(results: dict) -> str:
     """The figures as one markdown table (printed, and rendered by `feddb tables`)."""
     alone_s = {k: statistics.median(v) for k, v in results["alone_round_seconds"].items()}
@@ -177,6 +185,7 @@ def table(results: dict) -> str:
         "|---|---|",
         f"| alone, fast path | {alone_s['fast']:.3f} |",
         f"| alone, reference path | {alone_s['reference']:.3f} |",
+        f"| fast ÷ reference, paired by repeat: median [min, max] | {paired_ratio(results)} |",
     ]
     together = results.get("together")
     if together:

@@ -71,7 +71,8 @@ def test_bench_exact_prints_a_round_alone_runs_at_once_and_the_floor(tmp_path, m
     monkeypatch.setattr(sys, "argv", argv)
     assert main() == 0
     printed = capsys.readouterr().out
-    for line in ("alone, fast path", "alone, reference path", "1 runs at once", "below the round"):
+    lines = ("alone, fast path", "alone, reference path", "paired by repeat", "1 runs at once")
+    for line in (*lines, "below the round"):
         assert line in printed
     results = json.loads(out.read_text())
     assert results["round_flops"] > 0 and results["over_floor"] > 0
