@@ -370,3 +370,57 @@ def test_flower_without_its_bin_on_path_is_told_what_to_put_there(tmp_path, monk
         f"error: no `flower-superlink` on PATH: put {bin_dir} (the bin of Flower's environment) "
         "on it\n"
     )
+
+
+def plain_flwr_run(tmp_path, name: str, run_config: str) -> subprocess.Popen:
+    """A plain `flwr run` (docs/running.md) in its own Flower home and on its own ports."""
+    from feddb.resources import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    env |= {
+        "FLWR_HOME": str(tmp_path / f"{name}-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+    }
+    cmd = [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream", "--run-config"]
+    return subprocess.Popen(
+        [*cmd, on_small_data(run_config)],
+        cwd=PROJECT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.slow
+def test_the_partial_clients_methods_run_through_flwr_run(tmp_path):
+    """RSCFed and CBAFed through a plain `flwr run` each (Ray, the labels at two of four clients),
+    started at once: RSCFed's server trains the union of its subsets and weighs them; CBAFed's
+    thresholds come from the warm-up round's labels."""
+    common = (
+        "scenario='labels_at_partial_clients' num-server-rounds=2 seed=3 "
+        f"overrides='{TINY} fl.fraction_train=1.0 train.warmup_rounds=1'"
+    )
+    methods = ("rscfed", "cbafed")
+    procs = [
+        plain_flwr_run(tmp_path, m, f"method='{m}' {common} output-dir='{tmp_path / m}'")
+        for m in methods
+    ]
+    try:
+        outs = [p.communicate(timeout=400)[0] for p in procs]
+    finally:
+        for m in methods:
+            for pid in flower_pids(tmp_path / f"{m}-home"):
+                os.kill(pid, 15)
+    rounds = {}
+    for m, p, text in zip(methods, procs, outs):
+        assert p.returncode == 0 and (tmp_path / m / "summary.json").is_file(), text[-3000:]
+        rounds[m] = [json.loads(x) for x in (tmp_path / m / "metrics.jsonl").open()]
+        assert [r["round"] for r in rounds[m]] == [1, 2] and rounds[m][-1]["test_accuracy"] > 0
+    subsets = rounds["rscfed"][1]["method_notes"]["subsets"]
+    trained = {c["partition_id"] for c in rounds["rscfed"][1]["clients"]}
+    assert trained == {p for s in subsets for p in s["clients"]}
+    assert len(rounds["cbafed"][0]["method_notes"]["thresholds"]) == 10

@@ -747,6 +747,31 @@ def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
+    """RSCFed and CBAFed through `feddb sweep` (in process, two rounds, the labels at two of four
+    clients, their scenario set by the sweep's run_config) and `feddb report`."""
+    tiny = (
+        "scenario='labels_at_partial_clients' num-server-rounds=2 overrides='fl.num_clients=4 "
+        "fl.fraction_train=1.0 dataset.num_labeled=100 train.local_epochs=1 model.width=8 "
+        "train.warmup_rounds=1'"
+    )
+    res = sweep(
+        tmp_path,
+        "row=rscfed,cbafed",
+        "seed=0",
+        "experiment=quick",
+        f"run_config={tiny}",
+        launcher="[python,-m,feddb.inprocess]",
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "rep"
+    assert report.main([str(tmp_path / "out"), "--out", str(out)]) == 0
+    cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
+    assert cells == {"RSCFed": "1", "CBAFed": "1"}
+
+
 HANGING_STUB = '''"""Stands in for a launcher that started a process of its own in a session of its own (as
 `flwr run` does its SuperLink) and then waits: writes that process's pid and its own."""
 import pathlib, subprocess, sys, time
