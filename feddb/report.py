@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from feddb.plan import PlanError, headline, read_plan
 from feddb.rows import comparisons, display_order, table, variant_name
 from feddb.stats import fisher, holm, interval95, p_text, paired_test, split
 from fssl import identity
@@ -377,16 +378,19 @@ def fmt(values: list[float], collapsed: int = 0) -> str:
 
 
 def paired(
-    runs: list[dict[str, Any]], key: str = "final", left_out: list[str] | None = None
+    runs: list[dict[str, Any]],
+    key: str = "final",
+    left_out: list[str] | None = None,
+    family: list[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per setting, per comparison of the table of runs (feddb/rows.py: `comparisons`): the
-    per-seed differences of `key` on the seeds whose runs are a pair (fssl/pairing.py); each other
-    seed's goes to `left_out` as one line saying why."""
+    """Per setting, per comparison (a plan's `family`, else the table of runs' own, feddb/rows.py:
+    `comparisons`): the per-seed differences of `key` on the seeds whose runs are a pair
+    (fssl/pairing.py); each other seed's goes to `left_out` as one line saying why."""
     left_out = [] if left_out is None else left_out
     by: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     for r in runs:
         by[(r["setting"], r["variant"])].setdefault(r["seed"], r)
-    pairs, out = comparisons(v for _, v in by), []
+    pairs, out = family or comparisons(v for _, v in by), []
     for sett in setting_order(s for s, _ in by):
         for a, b in pairs:
             ra, rb = by.get((sett, a), {}), by.get((sett, b), {})
@@ -457,6 +461,50 @@ def paired_table(rows: list[dict[str, Any]], what: str) -> list[str]:
     return out
 
 
+# a plan's endpoint (feddb/plan.py) -> the run's figure it names
+ENDPOINTS = {
+    "final test accuracy": "final",
+    "test accuracy at the best-validation round": "selected",
+}
+
+
+def paired_section(
+    runs: list[dict[str, Any]], dropped: list[str], plan: dict[str, Any] | None
+) -> list[str]:
+    """The paired differences: the table's own comparisons, or the plan's family on its
+    endpoint under the plan's line (its file, commit, test and alpha)."""
+    if plan is None:
+        pairs, title, head = paired(runs, left_out=dropped), "final test accuracy", []
+    else:
+        key, title = ENDPOINTS[plan["endpoint"]], plan["endpoint"]
+        pairs = paired(runs, key, dropped, plan["family"])
+        head = [plan["headline"], ""]
+    if not pairs:
+        return []
+    return [
+        f"### Paired per-seed differences of {title} (points)",
+        "",
+        *head,
+        *paired_table(pairs, "the interval is"),
+        "",
+    ]
+
+
+def plan_problem(plan: dict[str, Any], runs: list[dict[str, Any]]) -> str | None:
+    """Why a plan cannot judge these runs: an endpoint the report does not compute, or a row its
+    family names that none of the runs is (a typo would drop its comparisons unseen)."""
+    if plan["endpoint"] not in ENDPOINTS:
+        return f"the plan's endpoint {plan['endpoint']!r}: choose {' or '.join(ENDPOINTS)}"
+    shown = {r["variant"] for r in runs}
+    absent = sorted({name for pair in plan["family"] for name in pair} - shown)
+    if absent:
+        return (
+            f"the plan's family names {', '.join(absent)}, not among these runs' rows "
+            f"({', '.join(sorted(shown))}): give their run directories or fix the plan"
+        )
+    return None
+
+
 def variant_rank(name: str) -> tuple[int, str]:
     order = display_order()
     return order.index(name) if name in order else len(order), name
@@ -492,9 +540,12 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+def markdown(
+    runs: list[dict[str, Any]], rows: list[dict[str, Any]], plan: dict[str, Any] | None = None
+) -> str:
     """The paper's layout: per partition one table, methods down, datasets across, mean(std) over
-    seeds; then the ablation, partitions stacked as in the paper's Table 4."""
+    seeds; then the paired differences (a plan's family, its endpoint and its line, where given)
+    and the ablation, partitions stacked as in the paper's Table 4."""
     parts = partition_order(r["partition"] for r in rows)
     datasets = dataset_order(r["dataset"] for r in rows)
     head = " | ".join(DATASETS.get(d, d) for d in datasets)
@@ -526,14 +577,7 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
         "",
     ]
     dropped: list[str] = []
-    pairs = paired(runs, left_out=dropped)
-    if pairs:
-        out += [
-            "### Paired per-seed differences of final test accuracy (points)",
-            "",
-            *paired_table(pairs, "the interval is"),
-            "",
-        ]
+    out += paired_section(runs, dropped, plan)
     out += [f"Pairs left out: {'; '.join(dropped)}.", ""] if dropped else []
     semi = [r for r in rows if r["pl_accuracy"]]
     if semi:
@@ -1119,7 +1163,17 @@ def main(argv: list[str] | None = None) -> int:
         help="runs of one row with other settings: cells of their own, named by the keys that "
         "differ (default: refused, the keys named)",
     )
+    ap.add_argument(
+        "--plan",
+        help="a study's plan fixed before its runs (studies/plans/*.yaml): the paired table is "
+        "its family on its endpoint, Holm over that family, and names the plan by its commit",
+    )
     args = ap.parse_args(argv)
+    try:
+        plan = read_plan(Path(args.plan)) if args.plan else None
+    except PlanError as err:
+        print(f"error: --plan: {err}", file=sys.stderr)
+        return 2
     paths = [Path(p) for p in args.paths]
     missing = [str(p) for p in paths if not p.is_dir()]
     if missing:
@@ -1138,7 +1192,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    problem = check_groups(runs, args.split)
+    problem = check_groups(runs, args.split) or (plan and plan_problem(plan, runs))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -1148,7 +1202,9 @@ def main(argv: list[str] | None = None) -> int:
     figs = figures(runs, out)
     labels = label_distributions(runs, out)
     figs += [out / name for name in labels]
-    text = markdown(runs, rows) + embed(figs, labels) + left_out_section(left_out)
+    if plan:
+        plan["headline"] = headline(Path(args.plan), plan)
+    text = markdown(runs, rows, plan) + embed(figs, labels) + left_out_section(left_out)
     (out / "results.md").write_text(text)
     write_csv(rows, out / "results.csv")
     from feddb.runlist import write_runs

@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import math
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from feddb.plan import headline
 from feddb.report import (
     check_groups,
     colours,
@@ -105,28 +105,10 @@ def plan() -> dict[str, Any]:
 ALPHA = plan()["alpha"]  # family-wise error rate of each regime's verdicts (Holm)
 
 
-def git(args: list[str]) -> str:
-    """What a git command prints in the checkout ("" without git or a repository)."""
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=PROJECT, capture_output=True, text=True, check=False
-        )
-    except OSError:
-        return ""
-    return done.stdout.strip()
-
-
 def plan_lines(regimes) -> list[str]:
     """The plan by the commit that last changed it, and each regime's family as it records it."""
-    where = PLAN.relative_to(PROJECT).as_posix()
-    commit, dirty = (
-        git(args + ["--", where])
-        for args in (["log", "-1", "--format=%h, %cs"], ["status", "--porcelain"])
-    )
-    state = f"at commit {commit}" if commit else "not committed"
-    state += ", changed since" if commit and dirty else ""
     p = plan()
-    out = [f"Plan: {where} ({state}): {p['endpoint']}; {p['test']}; α = {p['alpha']}."]
+    out = [headline(PLAN, p)]
     for regime in sorted(regimes):
         spec = p["regimes"].get(regime)
         family = spec and spec["family"]

@@ -390,6 +390,45 @@ def test_report_tables_and_figures_from_hand_made_runs(tmp_path):
         assert img.std() > 0.05 and img.shape[0] > 300, name  # not blank
 
 
+PLAN = """endpoint: final test accuracy
+test: paired t-test over seeds, Holm over the family
+alpha: 0.05
+fixed: before the runs
+family:
+  - [FedDB, FixMatch]
+"""
+
+
+def test_a_reports_plan_sets_its_family_and_is_named_with_it(tmp_path, capsys):
+    """`feddb report --plan`: the paired table is the plan's family alone (Holm over it), under
+    the plan's line; a plan without a family, or naming a row none of the runs is, is refused."""
+    runs, w = tmp_path / "runs", ["train.warmup_rounds=0"]
+    for seed, (a, b, c) in enumerate([(0.5, 0.7, 0.8), (0.4, 0.6, 0.75), (0.45, 0.7, 0.72)]):
+        fake_run(runs, "a", "fedavg", seed, [0.3, a], extra=w)
+        fake_run(runs, "b", "fixmatch", seed, [0.3, b], extra=w)
+        fake_run(runs, "c", "feddb", seed, [0.3, c], extra=w)
+    plan, out = tmp_path / "plan.yaml", tmp_path / "rep"
+    plan.write_text(PLAN)
+    assert report.main([str(runs), "--out", str(out), "--plan", str(plan)]) == 0
+    md = (out / "results.md").read_text()
+    assert f"Plan: {plan} (not committed): final test accuracy; paired t-test" in md
+    table = md[md.index("### Paired per-seed") : md.index("### Ablation")]
+    assert "| FedDB − FixMatch | 3 | +10.00 +15.00 +2.00 |" in table
+    assert table.count("| mnist10k δ=0.3 |") == 1  # FixMatch − FedAvg etc. are not in the family
+    capsys.readouterr()
+    for text, says in (
+        (PLAN.replace("family:\n  - [FedDB, FixMatch]\n", ""), "lacks family"),
+        (PLAN.replace("0.05", "5"), "alpha must be a number in (0, 1)"),
+        (PLAN.replace("[FedDB, FixMatch]", "[FedDB, FixMatc]"), "names FixMatc, not among"),
+        (PLAN.replace("final test", "mean test"), "the plan's endpoint 'mean test accuracy'"),
+    ):
+        plan.write_text(text)
+        assert report.main([str(runs), "--out", str(tmp_path / "no"), "--plan", str(plan)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+        assert not (tmp_path / "no").exists()
+
+
 def test_report_reads_runs_evaluated_every_few_rounds(tmp_path):
     runs = tmp_path / "runs"
     fake_run(runs, "a", "fixmatch", 0, [None, 0.6, None, 0.9, 0.8], extra=["eval.every=2"])
