@@ -8,6 +8,9 @@ and how far the round sits above its floor at the device's measured rate.
 - one run alone: `--rounds` rounds in this process with the fast path and with the reference
   path (the code before the fast small-model path, `reference_path`), alternately, `--repeats`
   times each; seconds a round are the median of rounds 2 onwards (round 1 builds caches);
+- the replaced code alone: the weak view's flip, crop and normalisation of a client's images,
+  both paths alternately call by call (a round's time on a busy CPU varies more than the
+  difference the fast path makes there);
 - N runs at once (`--jobs`): `feddb throughput`'s batch of in-process runs, rounds a second;
 - the round's FLOPs: everything torch computes in a round (the clients' passes and steps, the
   server's evaluation), counted under FlopCounterMode as a 2-round run less a 1-round run;
@@ -121,6 +124,30 @@ def alone(args, tmp: Path) -> dict[str, list[float]]:
     return out
 
 
+CLIENT_IMAGES = 400  # about an exact-regime client's pool: its labeled and unlabeled images
+
+
+def replaced_code(args, calls: int = 200) -> dict[str, float]:
+    """Milliseconds a call of the code the fast path replaced (the weak view's flip and crop,
+    then normalisation) on a client's CLIENT_IMAGES uint8 MNIST images, fast and reference
+    alternately `calls` times each (the median): short enough that both see the same load."""
+    x = torch.randint(0, 256, (CLIENT_IMAGES, 1, 28, 28), dtype=torch.uint8, device=args.device)
+    mean, std = (0.1307,), (0.3081,)
+    paths = {
+        "fast": (augment.flip_crop, augment.normalize),
+        "reference": (flip_crop_reference, normalize_reference),
+    }
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(calls):
+        for name, (crop, norm) in paths.items():
+            started = time.perf_counter()
+            norm(crop(x, True), mean, std)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append(1e3 * (time.perf_counter() - started))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def round_flops(args, tmp: Path) -> float:
     from benchmarks.floor import counted_flops
 
@@ -155,6 +182,7 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         started = time.perf_counter()
+        results["replaced_code_ms"] = replaced_code(args)
         results["alone_round_seconds"] = alone(args, tmp_path)
         extra = f"device={args.device} {args.overrides}"
         if args.jobs:
@@ -187,6 +215,13 @@ def table(results: dict) -> str:
         f"| alone, reference path | {alone_s['reference']:.3f} |",
         f"| fast ÷ reference, paired by repeat: median [min, max] | {paired_ratio(results)} |",
     ]
+    code = results.get("replaced_code_ms")
+    if code:
+        rows.append(
+            f"| the replaced code alone (flip, crop, normalise {CLIENT_IMAGES} images), fast ÷ "
+            f"reference | {code['fast']:.3f} ms ÷ {code['reference']:.3f} ms = "
+            f"{code['fast'] / code['reference']:.2f} |"
+        )
     together = results.get("together")
     if together:
         rows.append(f"| {together['jobs']} runs at once, each | {together['round_seconds']:.3f} |")

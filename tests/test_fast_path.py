@@ -71,7 +71,7 @@ def test_bench_exact_prints_a_round_alone_runs_at_once_and_the_floor(tmp_path, m
     monkeypatch.setattr(sys, "argv", argv)
     assert main() == 0
     printed = capsys.readouterr().out
-    lines = ("alone, fast path", "alone, reference path", "paired by repeat", "1 runs at once")
+    lines = ("alone, fast path", "paired by repeat", "the replaced code alone", "1 runs at once")
     for line in (*lines, "below the round"):
         assert line in printed
     results = json.loads(out.read_text())
