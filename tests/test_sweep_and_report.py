@@ -751,6 +751,24 @@ def test_the_row_check_reads_plain_lists_and_leaves_hydras_grammar_to_hydra():
     assert swept_rows({}, ["row='fedavg',feddb"]) == []
 
 
+def sweep_and_report(tmp_path, rows: str, seeds: str, run_config: str) -> Path:
+    """Real in-process runs of `rows` x `seeds` (experiment=quick) through `feddb sweep`, then
+    `feddb report` over them; returns the report's directory."""
+    res = sweep(
+        tmp_path,
+        f"row={rows}",
+        f"seed={seeds}",
+        "experiment=quick",
+        f"run_config={run_config}",
+        launcher="[python,-m,feddb.inprocess]",
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = tmp_path / "rep"
+    assert report.main([str(tmp_path / "out"), "--out", str(out)]) == 0
+    return out
+
+
 @pytest.mark.slow
 def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
     """Real runs (in process, one round): fixmatch-gn and feddb-literal-dma are cells of their
@@ -759,18 +777,7 @@ def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
         "num-server-rounds=1 overrides='fl.num_clients=4 fl.fraction_train=0.5 "
         "dataset.num_labeled=100 train.local_epochs=1 model.width=8 train.warmup_rounds=0'"
     )
-    res = sweep(
-        tmp_path,
-        "row=fixmatch,fixmatch-gn,feddb,feddb-literal-dma",
-        "seed=0,1",
-        "experiment=quick",
-        f"run_config={tiny}",
-        launcher="[python,-m,feddb.inprocess]",
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    out = tmp_path / "rep"
-    assert report.main([str(tmp_path / "out"), "--out", str(out)]) == 0
+    out = sweep_and_report(tmp_path, "fixmatch,fixmatch-gn,feddb,feddb-literal-dma", "0,1", tiny)
     cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
     assert cells == {
         "FixMatch": "2",
@@ -795,18 +802,7 @@ def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
         "fl.fraction_train=1.0 dataset.num_labeled=100 train.local_epochs=1 model.width=8 "
         "train.warmup_rounds=1'"
     )
-    res = sweep(
-        tmp_path,
-        "row=rscfed,cbafed",
-        "seed=0",
-        "experiment=quick",
-        f"run_config={tiny}",
-        launcher="[python,-m,feddb.inprocess]",
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    out = tmp_path / "rep"
-    assert report.main([str(tmp_path / "out"), "--out", str(out)]) == 0
+    out = sweep_and_report(tmp_path, "rscfed,cbafed", "0", tiny)
     cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
     assert cells == {"RSCFed": "1", "CBAFed": "1"}
 
