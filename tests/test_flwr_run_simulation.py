@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import flower_pids
 from localgrid import metrics_without_timing
+from test_scenarios import check_partial_clients_rounds
 
 from fssl.config import group_options, interrupted_exit
 from fssl.profiling import STOP_SIGNALS, Interrupted, interruptible
@@ -398,8 +399,7 @@ def plain_flwr_run(tmp_path, name: str, run_config: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_the_partial_clients_methods_run_through_flwr_run(tmp_path):
     """RSCFed and CBAFed through a plain `flwr run` each (Ray, the labels at two of four clients),
-    started at once: RSCFed's server trains the union of its subsets and weighs them; CBAFed's
-    thresholds come from the warm-up round's labels."""
+    started at once: each shows its own rounds (tests/test_scenarios.py)."""
     common = (
         "scenario='labels_at_partial_clients' num-server-rounds=2 seed=3 "
         f"overrides='{TINY} fl.fraction_train=1.0 train.warmup_rounds=1'"
@@ -415,12 +415,7 @@ def test_the_partial_clients_methods_run_through_flwr_run(tmp_path):
         for m in methods:
             for pid in flower_pids(tmp_path / f"{m}-home"):
                 os.kill(pid, 15)
-    rounds = {}
     for m, p, text in zip(methods, procs, outs):
         assert p.returncode == 0 and (tmp_path / m / "summary.json").is_file(), text[-3000:]
-        rounds[m] = [json.loads(x) for x in (tmp_path / m / "metrics.jsonl").open()]
-        assert [r["round"] for r in rounds[m]] == [1, 2] and rounds[m][-1]["test_accuracy"] > 0
-    subsets = rounds["rscfed"][1]["method_notes"]["subsets"]
-    trained = {c["partition_id"] for c in rounds["rscfed"][1]["clients"]}
-    assert trained == {p for s in subsets for p in s["clients"]}
-    assert len(rounds["cbafed"][0]["method_notes"]["thresholds"]) == 10
+        rounds = [json.loads(x) for x in (tmp_path / m / "metrics.jsonl").open()]
+        check_partial_clients_rounds(m, rounds)

@@ -551,11 +551,12 @@ def test_labels_at_partial_clients_trains_the_labeled_clients_alone_in_the_warm_
     assert sum(hist["server"]) == 0 and [sum(h) for h in hist["labeled"]][2:] == [0, 0]
 
 
-@pytest.mark.parametrize("method", ["rscfed", "cbafed"])
-def test_the_partial_clients_methods_run_their_own_rounds(tmp_path, method):
-    """RSCFed trains the union of its subsets after the warm-up and weighs them by distance;
-    CBAFed's thresholds come from the warm-up's labels, and clients weigh by their kept labels."""
-    out, rounds = run_scenario(tmp_path, method, "labels_at_partial_clients")
+def check_partial_clients_rounds(method: str, rounds: list[dict]) -> None:
+    """What two rounds of RSCFed or CBAFed (a warm-up round, then one of their own) must show,
+    whatever launched them (`feddb local`, a sweep, `flwr run`: tests/test_sweep_and_report.py,
+    tests/test_flwr_run_simulation.py): RSCFed trains the union of its subsets after the warm-up
+    and weighs them by distance; CBAFed's thresholds come from the warm-up's labels, and clients
+    weigh by their kept labels."""
     assert [r["round"] for r in rounds] == [1, 2] and 0 < rounds[-1]["test_accuracy"] <= 1
     assert {c["partition_id"] for c in rounds[0]["clients"]} <= {0, 1}
     if method == "cbafed":

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_scenarios import check_partial_clients_rounds
 
 from feddb import report
 from fssl import identity
@@ -795,8 +796,9 @@ def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
-    """RSCFed and CBAFed through `feddb sweep` (in process, two rounds, the labels at two of four
-    clients, their scenario set by the sweep's run_config) and `feddb report`."""
+    """RSCFed and CBAFed through `feddb sweep` (in process, as `feddb local` runs: two rounds, the
+    labels at two of four clients, their scenario set by the sweep's run_config) and `feddb
+    report`."""
     tiny = (
         "scenario='labels_at_partial_clients' num-server-rounds=2 overrides='fl.num_clients=4 "
         "fl.fraction_train=1.0 dataset.num_labeled=100 train.local_epochs=1 model.width=8 "
@@ -805,6 +807,10 @@ def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
     out = sweep_and_report(tmp_path, "rscfed,cbafed", "0", tiny)
     cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
     assert cells == {"RSCFed": "1", "CBAFed": "1"}
+    for method in ("rscfed", "cbafed"):
+        run = tmp_path / "out" / "mnist10k_dir0.3" / method / "s0"
+        rounds = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        check_partial_clients_rounds(method, rounds)
 
 
 HANGING_STUB = '''"""Stands in for a launcher that started a process of its own in a session of its own (as
