@@ -712,9 +712,14 @@ def check_scenario_method(cfg: dict[str, Any], name: str) -> None:
             f"method {method} is defined for scenario {' or '.join(defined_for)}, and this "
             f"run's is {name}: set scenario={defined_for[0]}, or choose another method"
         )
-    for switch, on in (("dpl", cfg["dpl"]), ("dma", cfg["dma"]["enabled"])):
+    dp = cfg["dp"]["mode"]
+    for switch, on, shown in (
+        ("dpl", cfg["dpl"], "dpl=true"),
+        ("dma", cfg["dma"]["enabled"], "dma=true"),
+        ("dp", dp != "off", f"dp.mode={dp}"),
+    ):
         if on and switch in getattr(cls, "refuses", {}):
-            raise ConfigError(f"{switch}=true with method {method}: {cls.refuses[switch]}")
+            raise ConfigError(f"{shown} with method {method}: {cls.refuses[switch]}")
     if cfg["dpl"] and not semi:
         raise ConfigError(
             f"dpl=true with method {method}: DPL debiases pseudo-labels, and {method} trains on "

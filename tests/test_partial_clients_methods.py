@@ -117,6 +117,11 @@ def test_cbafeds_server_mixes_the_recorded_model_back_every_fifth_round():
     [  # a scenario, dpl: tests/test_bad_inputs.py
         ("rscfed", "dma.enabled=true", "dma=true with method rscfed: RSCFed's weights are its own"),
         ("cbafed", "method.pseudo_labels=online", "method.pseudo_labels=online with method cbafed"),
+        *(  # ten labeled clients: as many as a round samples, so that DP's own check passes
+            (m, f"dp.mode={mode} scenario.labeled_clients=10", f"dp.mode={mode} with method {m}:")
+            for m in ("rscfed", "cbafed")
+            for mode in ("fixed", "adaptive")
+        ),
     ],
 )
 def test_what_the_partial_clients_methods_refuse(method, overrides, match):

@@ -151,7 +151,7 @@ class LocalTrainer:
     # in `self.estimates`: saved and restored with the client state, e.g. ("q_hat",)
     keeps: tuple[str, ...] = ()
     # the scenarios the method is defined for (None: all), and a one-line refusal of a switch
-    # that cannot act on it ("dpl", "dma": the reason and the fix), read by fssl/config.py
+    # that cannot act on it ("dpl", "dma", "dp": the reason and the fix), read by fssl/config.py
     scenarios: tuple[str, ...] | None = None
     refuses: dict[str, str] = {}
 

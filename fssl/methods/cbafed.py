@@ -132,6 +132,11 @@ class CBAFed(FixMatch):
     display = "CBAFed"
     server = CBAFedServer
     scenarios = ("labels_at_partial_clients",)
+    refuses = {
+        "dp": "Flower's noise is sized for fl.fraction_train's clients a round, equally "
+        "weighed, and CBAFed weighs a client by its kept labels (none: weight 0) and mixes an "
+        "older model back in: set dp.mode=off",
+    }
 
     @classmethod
     def check_params(cls, m: dict[str, Any]) -> None:

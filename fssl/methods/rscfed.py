@@ -129,6 +129,9 @@ class RSCFed(LocalTrainer):
         "prediction, not pseudo-labels of the received model, which DPL debiases: drop dpl",
         "dma": "RSCFed's weights are its own (random subsets, distance-reweighted), and DMA's "
         "split into subsets would keep neither's: drop dma",
+        "dp": "Flower's noise is sized for fl.fraction_train's clients a round, and RSCFed "
+        "averages a random union of its subsets, a client weighed by each subset it is in: set "
+        "dp.mode=off",
     }
     defaults = {"train.lambda_u": 0.02, "server.weighting": "samples"}
 
