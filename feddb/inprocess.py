@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flwr.app import Context, Error, Message, MessageType, Metadata, RecordDict
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, Metadata, RecordDict
 from flwr.serverapp import Grid
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -90,6 +92,24 @@ class LocalGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
+
+    def node_states(self) -> dict[str, dict[str, np.ndarray]]:
+        """What each node keeps between rounds (its context.state's arrays, a method's slots),
+        by "<node id>.<slot>": in this process a checkpoint can hold it, so a run whose clients
+        keep state resumes as it would have gone on."""
+        return {
+            f"{nid}.{slot}": {k: a.numpy() for k, a in record.items()}
+            for nid, ctx in self.contexts.items()
+            for slot, record in ctx.state.array_records.items()
+        }
+
+    def load_node_states(self, states: dict[str, dict[str, np.ndarray]]) -> None:
+        """Give the nodes back what `node_states` took (a resumed run's)."""
+        for key, arrays in states.items():
+            nid, slot = key.split(".", 1)
+            self.contexts[int(nid)].state[slot] = ArrayRecord(
+                {k: torch.from_numpy(v) for k, v in arrays.items()}
+            )
 
     def push_messages(self, messages):
         ids = []
@@ -171,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from server_app.rounds import FAILED_EXIT, SKIPPED_EXIT, RunFailed
 
     try:
-        run_config, _ = preflight(one_run_config(args.run_config))
+        run_config, _ = preflight(one_run_config(args.run_config), in_process=True)
     except (ConfigError, DataError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -359,11 +359,12 @@ def one_run_config(given: list[str]) -> str:
     return given[0] if given else ""
 
 
-def preflight(text: str) -> tuple[dict, dict]:
+def preflight(text: str, in_process: bool = False) -> tuple[dict, dict]:
     """Everything that can be checked before a process starts: the run-config, the composed
-    configuration, the data and the split it must give, a resume directory's checkpoint. Raises
-    ConfigError, DataError or ValueError with one line for the user; returns the run-config (paths
-    absolute) and the configuration."""
+    configuration, the data and the split it must give, a resume directory's checkpoint (and,
+    `in_process` or not, whether it can give the nodes what they kept). Raises ConfigError,
+    DataError or ValueError with one line for the user; returns the run-config (paths absolute)
+    and the configuration."""
     from fssl.checks import ConfigError
     from fssl.runtime import check_data, partition_for
     from server_app.config import resolve
@@ -388,18 +389,42 @@ def preflight(text: str) -> tuple[dict, dict]:
         file, note = checkpoint.find(resume_dir)  # CheckpointError names the files
         if note:
             print(f"[feddb] {note}", flush=True)
-        check_resume(resume_dir, cfg, file)
+        check_resume(resume_dir, cfg, file, in_process)
     return run_config, cfg
 
 
-def check_resume(run_dir: Path, cfg: dict, file: Path) -> None:
+def check_resume(run_dir: Path, cfg: dict, file: Path, in_process: bool = False) -> None:
     """The run resumed is the run recorded: its configuration, its data (read afresh, not from
-    this process's cache), its checkpoint's run."""
+    this process's cache), its checkpoint's run; and what its clients keep between rounds, if
+    anything, is in the checkpoint and can go back to them (in process only)."""
     from fssl import checkpoint, identity
+    from fssl.checks import ConfigError
     from fssl.data import load_dataset
 
     identity.check_resume(run_dir, cfg, load_dataset(cfg["dataset"]))
-    identity.check_checkpoint(run_dir, checkpoint.load(run_dir, file)[1])
+    state = checkpoint.load(run_dir, file)[1]
+    identity.check_checkpoint(run_dir, state)
+    problem = lost_node_state(cfg, lambda: state, in_process)
+    if problem:
+        raise ConfigError(f"cannot resume {run_dir}: {problem}")
+
+
+def lost_node_state(cfg: dict, checkpoint_state, in_process: bool) -> str | None:
+    """Why resuming would lose what the run's clients keep between rounds, or None: a checkpoint
+    holds it only when the nodes ran in the server's process (`feddb local`, a sweep's default
+    launcher), and only such a run can give it back. `checkpoint_state()`: the checkpoint's
+    state, read only when the clients keep something."""
+    from fssl.methods import method_class
+
+    kept = method_class(cfg["method"]["trainer"]).kept_between_rounds(cfg)
+    if not kept:
+        return None
+    what = f"its clients keep {' and '.join(kept)} between rounds"
+    if not checkpoint_state().get("nodes"):
+        return f"{what}, and its checkpoint (not written in process) does not hold them: start it again"
+    if not in_process:
+        return f"{what}, which only an in-process run gives back: resume it with `feddb local`"
+    return None
 
 
 def launch(

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from feddb.launch import parse_run_config
+from feddb.launch import lost_node_state, parse_run_config
 from feddb.rows import table
 from fssl.config import sweep_warmup_note
 from fssl.profiling import interruptible, marked, stop
@@ -156,17 +156,24 @@ def differences(run_dir: Path, asked: dict[str, Any]) -> list[str]:
     return asked_otherwise(saved, asked, run_config_defaults())
 
 
-def resumable(run_dir: Path) -> bool:
-    """Whether an interrupted run can go on from its checkpoint as if never stopped. Clients that
-    keep their optimiser state (train.optimizer_state=client, the authors' regime) keep it on the
-    nodes, not in the server's checkpoint, so such a run starts again; its partial directory is
-    kept beside it as <run>.interrupted (the previous one replaced)."""
+def resumable(run_dir: Path, in_process: bool) -> bool:
+    """Whether an interrupted run can go on from its checkpoint as if never stopped. What its
+    clients keep between rounds (train.optimizer_state=client, a method's estimates or own
+    state) lives on the nodes: only a checkpoint written in process holds it, and only an
+    in-process launcher gives it back (feddb/launch.py: lost_node_state). Else the run starts
+    again; its partial directory is kept beside it as <run>.interrupted (the previous one
+    replaced)."""
+    from fssl import checkpoint
+
     config = run_dir / "config.yaml"
     if not config.is_file():
         return True
-
-    train = (yaml.safe_load(config.read_text()) or {}).get("train") or {}
-    if train.get("optimizer_state", "fresh") != "client":
+    try:
+        cfg = yaml.safe_load(config.read_text()) or {}
+        lost = lost_node_state(cfg, lambda: checkpoint.load(run_dir)[1], in_process)
+    except Exception:  # noqa: BLE001 - an unreadable record or checkpoint: start again
+        lost = "unreadable"
+    if lost is None:
         return True
     set_aside(run_dir, ".interrupted")
     return False
@@ -216,7 +223,8 @@ def run_one(cfg: Any) -> dict[str, Any]:
     interrupted = (run_dir / "config.yaml").is_file() and any(
         (run_dir / f).is_file() for f in ("checkpoint.pt", "checkpoint.prev.pt")
     )
-    if interrupted and not resumable(run_dir):
+    in_process = "feddb.inprocess" in [str(a) for a in cfg.launcher]
+    if interrupted and not resumable(run_dir, in_process):
         record["restarted"], interrupted = True, False
     elif not interrupted and (run_dir / "config.yaml").is_file():  # stopped before a checkpoint
         set_aside(run_dir, ".interrupted")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ def main(grid: Grid, context: Context) -> None:
     audit = loss_check(cfg, evaluation, idle_cores)
     setup = server_setup(cfg, ds, part, node_of, simulation, audit, method)
     strategy = make_strategy(cfg, ds.num_classes, setup)
-    arrays, first_round = starting_point(model, run_dir, resume_dir, strategy, recorder)
+    arrays, first_round = starting_point(model, run_dir, resume_dir, strategy, recorder, grid)
     loop = RoundLoop(strategy, grid, server_labels(cfg, ds, part, device, strategy, method))
     loop.failed = failed_before(recorder.history) if resume_dir is not None else []
     if not simulation:  # SuperNodes may leave and join during the run
@@ -194,12 +195,12 @@ def server_setup(
 
 
 def starting_point(
-    model, run_dir: Path, resume_dir: Path | None, strategy: MethodStrategy, recorder
+    model, run_dir: Path, resume_dir: Path | None, strategy: MethodStrategy, recorder, grid: Grid
 ) -> tuple[ArrayRecord, int]:
     """The initial model and round 1, or the checkpoint's model and the round after it."""
     if resume_dir is None:
         return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()}), 1
-    arrays, first_round = restore(run_dir, strategy, recorder)
+    arrays, first_round = restore(run_dir, strategy, recorder, grid)
     print(f"[feddb] resumed from the checkpoint of round {first_round - 1}", flush=True)
     (run_dir / FAILURE).unlink(missing_ok=True)  # written again if a round fails
     return arrays, first_round
@@ -237,7 +238,10 @@ class Saver:
             self.timeline.write(self.run_dir / "startup.json")
         every = self.cfg["checkpoint"]["every"]
         if server_round == self.cfg["num_rounds"] or (every and server_round % every == 0):
-            save_checkpoint(self.run_dir, server_round, current, self.strategy, self.recorder)
+            nodes = getattr(self.loop.grid, "node_states", None)  # in process: the nodes' state
+            save_checkpoint(
+                self.run_dir, server_round, current, self.strategy, self.recorder, nodes
+            )
 
 
 def run_rounds(loop, arrays, first_round, recorder, saver, run_dir, resume_dir) -> ArrayRecord:
@@ -325,18 +329,23 @@ def save_checkpoint(
     arrays: ArrayRecord,
     strategy: MethodStrategy,
     recorder: RoundRecorder,
+    node_states: Callable[[], dict[str, dict[str, np.ndarray]]] | None = None,
 ) -> None:
-    """Global model, strategy state (momentum buffer, caches), RNG states, recorder state."""
+    """Global model, strategy state (momentum buffer, caches), RNG states, recorder state, and
+    where the nodes run in this process (`node_states`) what each keeps between rounds."""
     strategy_arrays, strategy_state = strategy.state()
     np_state = np.random.get_state()
+    nodes = node_states() if node_states is not None else {}
     checkpoint.save(
         run_dir,
         {
             "global": arrays_to_numpy(arrays),
             "rng": {"torch": torch.get_rng_state().numpy()},
             **{f"strategy.{k}": v for k, v in strategy_arrays.items()},
+            **{f"node.{k}": v for k, v in nodes.items()},
         },
         {
+            "nodes": node_states is not None,
             "round": server_round,
             "run": (identity.read(run_dir) or {}).get("run"),
             "strategy": strategy_state,
@@ -347,7 +356,7 @@ def save_checkpoint(
 
 
 def restore(
-    run_dir: Path, strategy: MethodStrategy, recorder: RoundRecorder
+    run_dir: Path, strategy: MethodStrategy, recorder: RoundRecorder, grid: Grid
 ) -> tuple[ArrayRecord, int]:
     file, note = checkpoint.find(run_dir)
     if note:  # the latest is corrupt: kept aside (not overwritten by the next save), and said
@@ -362,6 +371,10 @@ def restore(
         state["strategy"],
     )
     recorder.restore(state["round"], state["recorder"])
+    if state.get("nodes") and hasattr(grid, "load_node_states"):
+        grid.load_node_states(
+            {k.split(".", 1)[1]: v for k, v in groups.items() if k.startswith("node.")}
+        )
     torch.set_rng_state(torch.from_numpy(groups["rng"]["torch"]))
     kind, keys, *rest = state["numpy_rng"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))

@@ -197,6 +197,25 @@ def test_crash_then_resume_ends_with_the_same_result(baseline, small_npz, tmp_pa
     assert summary["resumed_from_round"] == 2 and summary["rounds"] == ROUNDS
 
 
+@pytest.mark.parametrize(
+    "kept", ["method=fixmatch train.optimizer_state=client", "method=flexmatch"]
+)
+def test_what_clients_keep_between_rounds_survives_a_crash_and_resume(kept, small_npz, tmp_path):
+    """The clients' SGD momentum (the authors' regime) and a method's estimates live on the
+    nodes; in process the checkpoint holds them and the resumed run is the uninterrupted one. A
+    launcher that cannot give them back (`flwr run`) refuses the resume with one line."""
+    from feddb.launch import preflight
+
+    overrides = f"{OVERRIDES} {kept}"
+    base = run_server(tmp_path / "base", small_npz, overrides=overrides)
+    run_dir = crash_in_round_4_then_resume(tmp_path / "crashed", small_npz, overrides)
+    assert records(run_dir) == records(base)
+    groups, state = checkpoint.load(run_dir)
+    assert state["nodes"] and any(g.startswith("node.") for g in groups)
+    with pytest.raises(ConfigError, match="between rounds, which only an in-process run gives"):
+        preflight(f"resume='{run_dir}'")
+
+
 def test_fedmatch_server_caches_survive_a_crash_and_resume(small_npz, tmp_path):
     """Helpers in round 4 come from embeddings and psi cached in rounds 1-3; the checkpoint of
     round 2 must carry them for the resumed run to pick the same helpers."""

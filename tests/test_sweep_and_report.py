@@ -683,27 +683,43 @@ def test_a_list_or_one_quoted_value_is_not_a_sweep_in_the_progress_count():
     assert count_jobs({"seed": "range(3)"}, []) == 0  # cannot tell
 
 
-def test_an_interrupted_run_whose_clients_keep_their_optimiser_is_restarted_not_resumed(tmp_path):
-    """Its clients' momentum lives on the nodes, not in the server's checkpoint: resuming would
-    give another run than an uninterrupted one, so the sweep starts it again and keeps the partial
-    directory beside it; a run with fresh optimisers is resumed from its checkpoint."""
+def interrupted_run(run, overrides: list[str], nodes: bool) -> None:
+    """A run directory as a stop leaves it: its config.yaml and a checkpoint that holds the
+    nodes' states (`nodes`, written in process) or not."""
+    from fssl import checkpoint
+
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(compose(overrides)))
+    checkpoint.save(run, {"global": {"w": np.zeros(2, np.float32)}}, {"round": 3, "nodes": nodes})
+
+
+def test_an_interrupted_run_whose_clients_keep_state_resumes_only_where_it_gets_it_back(tmp_path):
+    """What clients keep between rounds (momentum, estimates) lives on the nodes: a checkpoint
+    holds it only when written in process, and only an in-process launcher gives it back; else
+    the sweep starts the run again, its partial directory kept beside it. A run whose clients
+    keep nothing resumes from any checkpoint."""
     from feddb.sweep import resumable
 
-    for state, expected in (("client", False), ("fresh", True)):
-        run = tmp_path / state / "s0"
-        run.mkdir(parents=True)
-        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"optimizer_state": state}}))
-        (run / "checkpoint.pt").write_bytes(b"x")
-        assert resumable(run) is expected
-        assert run.is_dir() is expected
-        assert (tmp_path / state / "s0.interrupted" / "checkpoint.pt").is_file() is not expected
-    # through the sweep: the restarted run gets a fresh run-config, the resumed one `resume=`
+    momentum = ["method=fixmatch", "train.optimizer_state=client"]
+    cases = [  # (name, overrides, checkpoint holds the nodes, in process, resumed)
+        ("nothing-kept", ["method=fedavg"], False, False, True),
+        ("momentum-held", momentum, True, True, True),
+        ("momentum-held-flwr", momentum, True, False, False),
+        ("momentum-lost", momentum, False, True, False),
+        ("estimates-lost", ["method=flexmatch"], False, True, False),
+        ("teacher-held", ["method=rscfed", "scenario=labels_at_partial_clients"], True, True, True),
+    ]
+    for name, overrides, nodes, in_process, expected in cases:
+        run = tmp_path / name / "s0"
+        interrupted_run(run, overrides, nodes)
+        assert resumable(run, in_process) is expected, name
+        assert run.is_dir() is expected, name
+        assert (tmp_path / name / "s0.interrupted" / "checkpoint.pt").is_file() is not expected
+    # through a sweep whose launcher is not in process: restarted with a fresh run-config, or
+    # resumed (`resume=`)
     root = tmp_path / "out" / "mnist10k_dir0.3"
-    for row, state in (("fixmatch", "client"), ("fedavg", "fresh")):
-        run = root / row / "s0"
-        run.mkdir(parents=True)
-        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"optimizer_state": state}}))
-        (run / "checkpoint.pt").write_bytes(b"x")
+    interrupted_run(root / "fixmatch" / "s0", momentum, True)
+    interrupted_run(root / "fedavg" / "s0", ["method=fedavg"], False)
     res = sweep(tmp_path, "row=fixmatch,fedavg", "seed=0")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "resume=" not in (root / "fixmatch" / "s0" / "run_config").read_text()

@@ -162,6 +162,18 @@ class LocalTrainer:
         fssl.checks' rules; none here."""
 
     @classmethod
+    def kept_between_rounds(cls, cfg: dict[str, Any]) -> list[str]:
+        """What this method's clients keep on their nodes from round to round, in words (empty:
+        nothing). A checkpoint that does not hold it cannot continue the run as it would have
+        gone on (feddb/launch.py: check_resume)."""
+        kept = [f"estimates ({', '.join(cls.keeps)})"] if cls.keeps else []
+        if cfg["train"]["optimizer_state"] == "client":
+            kept.append("SGD momentum (train.optimizer_state=client)")
+        if cls.client_state is not LocalTrainer.client_state:
+            kept.append(f"{cls.display}'s own client state")
+        return kept
+
+    @classmethod
     def wrap_model(cls, model: nn.Module, m: dict[str, Any]) -> nn.Module:
         """The model as the method trains it (FedMatch: weights decomposed into sigma + psi)."""
         return model
