@@ -246,6 +246,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
         "pl_accuracy": float(np.mean(pooled)) if pooled else None,
         "pl_ratio": float(np.mean([x.pseudo_label_ratio or 0.0 for x in made])) if made else None,
         "method_metrics": method_metrics(rounds),
+        "few_labeled": few_labeled(cfg, rounds),
         "provenance": read_file(prov, json.loads)
         if (prov := run_dir / "provenance.json").is_file()
         else {},
@@ -335,6 +336,45 @@ def method_metrics(rounds: list[RoundMetrics]) -> dict[str, float]:
             if value is not None:
                 values[name].append(float(value))
     return {name: float(np.mean(v)) for name, v in sorted(values.items())}
+
+
+def few_labeled(cfg: dict[str, Any], rounds: list[RoundMetrics]) -> dict[str, float] | None:
+    """With the labels at a few clients: the labeled clients' summed aggregation weight, mean
+    over the semi-supervised rounds (a round that sampled none of them counts 0), and the final
+    model's worst class; None in the other scenarios."""
+    if scenario_of(cfg)[0] != "labels_at_partial_clients":
+        return None
+    semi = [r for r in rounds if r.round > cfg["train"]["warmup_rounds"] and r.clients]
+    shares = [sum(c["weight"] for c in r.clients if c.get("num_labeled")) for r in semi]
+    last = next((r.scores.class_accuracy for r in reversed(rounds) if r.scores.class_accuracy), [])
+    return {
+        "labeled_weight": float(np.mean(shares)) if shares else float("nan"),
+        "worst_class": min(last) if last else float("nan"),
+    }
+
+
+def few_labeled_section(runs: list[dict[str, Any]]) -> list[str]:
+    """Per setting and method, over seeds: the labeled clients' weight and the worst class
+    (labels_at_partial_clients runs only)."""
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in runs:
+        if r.get("few_labeled"):
+            cells[(r["setting"], r["variant"])].append(r["few_labeled"])
+    if not cells:
+        return []
+    out = [
+        "### The labels at a few clients: the labeled clients' weight and the worst class",
+        "",
+        "| setting | method | labeled clients' summed weight, % (mean over the semi-supervised "
+        "rounds) | worst class at the end, % | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for (sett, var), got in sorted(
+        cells.items(), key=lambda kv: (kv[0][0], variant_rank(kv[0][1]))
+    ):
+        weight, worst = ([g[k] for g in got] for k in ("labeled_weight", "worst_class"))
+        out.append(f"| {sett} | {var} | {fmt(weight)} | {fmt(worst)} | {len(got)} |")
+    return [*out, ""]
 
 
 def method_section(runs: list[dict[str, Any]]) -> list[str]:
@@ -605,6 +645,7 @@ def markdown(
             out += paired_table(pl_pairs, "the interval is")
         out.append("")
     out += method_section(runs)
+    out += few_labeled_section(runs)
     out += strategy_section(runs)
     abl = ablation(runs)
     if abl:

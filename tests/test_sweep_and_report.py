@@ -823,10 +823,17 @@ def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
     out = sweep_and_report(tmp_path, "rscfed,cbafed", "0", tiny)
     cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
     assert cells == {"RSCFed": "1", "CBAFed": "1"}
+    md = (out / "results.md").read_text()
+    section = md[md.index("### The labels at a few clients") :].split("\n\n")[1]
     for method in ("rscfed", "cbafed"):
         run = tmp_path / "out" / "mnist10k_dir0.3" / method / "s0"
         rounds = [json.loads(line) for line in (run / "metrics.jsonl").open()]
         check_partial_clients_rounds(method, rounds)
+        # the labeled clients' (partitions 0 and 1) weight in round 2, the final worst class
+        share = sum(c["weight"] for c in rounds[1]["clients"] if c["partition_id"] < 2)
+        worst = min(rounds[1]["class_accuracy"])
+        row = f"| {report.variant(yaml.safe_load((run / 'config.yaml').read_text()))} | "
+        assert f"{row}{100 * share:.2f}(–) | {100 * worst:.2f}(–) | 1 |" in section, section
 
 
 HANGING_STUB = '''"""Stands in for a launcher that started a process of its own in a session of its own (as
