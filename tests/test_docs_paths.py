@@ -262,6 +262,7 @@ GENERATED = {
     "docs/running/bad_inputs.md",
     *(f"docs/{d}/results.md" for d in ("methods_study", "miniature", "partitioners")),
     *(f"docs/{d}/results.md" for d in ("scenarios", "strategies", "softmatch", "global_prior")),
+    "docs/uda/results.md",
 }
 
 
