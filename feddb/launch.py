@@ -400,31 +400,14 @@ def check_resume(run_dir: Path, cfg: dict, file: Path, in_process: bool = False)
     from fssl import checkpoint, identity
     from fssl.checks import ConfigError
     from fssl.data import load_dataset
+    from fssl.methods import lost_client_state
 
     identity.check_resume(run_dir, cfg, load_dataset(cfg["dataset"]))
     state = checkpoint.load(run_dir, file)[1]
     identity.check_checkpoint(run_dir, state)
-    problem = lost_node_state(cfg, lambda: state, in_process)
+    problem = lost_client_state(cfg, lambda: state, in_process)
     if problem:
         raise ConfigError(f"cannot resume {run_dir}: {problem}")
-
-
-def lost_node_state(cfg: dict, checkpoint_state, in_process: bool) -> str | None:
-    """Why resuming would lose what the run's clients keep between rounds, or None: a checkpoint
-    holds it only when the nodes ran in the server's process (`feddb local`, a sweep's default
-    launcher), and only such a run can give it back. `checkpoint_state()`: the checkpoint's
-    state, read only when the clients keep something."""
-    from fssl.methods import method_class
-
-    kept = method_class(cfg["method"]["trainer"]).kept_between_rounds(cfg)
-    if not kept:
-        return None
-    what = f"its clients keep {' and '.join(kept)} between rounds"
-    if not checkpoint_state().get("nodes"):
-        return f"{what}, and its checkpoint (not written in process) does not hold them: start it again"
-    if not in_process:
-        return f"{what}, which only an in-process run gives back: resume it with `feddb local`"
-    return None
 
 
 def launch(

@@ -30,9 +30,10 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from feddb.launch import lost_node_state, parse_run_config
+from feddb.launch import parse_run_config
 from feddb.rows import table
 from fssl.config import sweep_warmup_note
+from fssl.methods import lost_client_state
 from fssl.profiling import interruptible, marked, stop
 from fssl.runtime import cores
 from server_app.rounds import FAILURE, SKIPPED_EXIT
@@ -160,7 +161,7 @@ def resumable(run_dir: Path, in_process: bool) -> bool:
     """Whether an interrupted run can go on from its checkpoint as if never stopped. What its
     clients keep between rounds (train.optimizer_state=client, a method's estimates or own
     state) lives on the nodes: only a checkpoint written in process holds it, and only an
-    in-process launcher gives it back (feddb/launch.py: lost_node_state). Else the run starts
+    in-process launcher gives it back (fssl/methods: lost_client_state). Else the run starts
     again; its partial directory is kept beside it as <run>.interrupted (the previous one
     replaced)."""
     from fssl import checkpoint
@@ -170,7 +171,7 @@ def resumable(run_dir: Path, in_process: bool) -> bool:
         return True
     try:
         cfg = yaml.safe_load(config.read_text()) or {}
-        lost = lost_node_state(cfg, lambda: checkpoint.load(run_dir)[1], in_process)
+        lost = lost_client_state(cfg, lambda: checkpoint.load(run_dir)[1], in_process)
     except Exception:  # noqa: BLE001 - an unreadable record or checkpoint: start again
         lost = "unreadable"
     if lost is None:

@@ -196,12 +196,13 @@ def test_the_attack_code_stays_off_a_normal_clients_path():
     assert out.strip() == "False"
 
 
-def test_the_users_tools_stay_within_4250_lines():
+def test_the_users_tools_stay_within_4500_lines():
     """feddb/ holds what a user runs; the instruments live in benchmarks/ and studies/. (4,000
-    until runs had identities: the checks sweeps and reports make of them took 230 more; what a
-    run is lives in fssl/identity.py.)"""
+    until runs had identities: the checks sweeps and reports make of them took 230 more, what a
+    run is living in fssl/identity.py; 4,250 until a report took a study's plan, feddb/plan.py,
+    and a resume gave clients back what they keep: 220 more.)"""
     lines = sum(len(p.read_text().splitlines()) for p in (PROJECT / "feddb").glob("*.py"))
-    assert lines <= 4250, lines
+    assert lines <= 4500, lines
 
 
 def test_the_server_app_does_not_load_the_superlinks_state():

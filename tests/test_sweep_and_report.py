@@ -787,42 +787,30 @@ def sweep_and_report(tmp_path, rows: str, seeds: str, run_config: str) -> Path:
 
 
 @pytest.mark.slow
-def test_a_sweep_of_four_rows_reports_four_rows_of_two_seeds(tmp_path):
-    """Real runs (in process, one round): fixmatch-gn and feddb-literal-dma are cells of their
-    own, not pooled under FixMatch and FedDB (they were: "seeds 0, 0, 1, 1")."""
-    tiny = (
-        "num-server-rounds=1 overrides='fl.num_clients=4 fl.fraction_train=0.5 "
-        "dataset.num_labeled=100 train.local_epochs=1 model.width=8 train.warmup_rounds=0'"
-    )
-    out = sweep_and_report(tmp_path, "fixmatch,fixmatch-gn,feddb,feddb-literal-dma", "0,1", tiny)
-    cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
-    assert cells == {
-        "FixMatch": "2",
-        "FixMatch [fixmatch-gn]": "2",
-        "FedDB": "2",
-        "FedDB, literal DMA": "2",
-    }
-    runs = csv.DictReader((out / "runs.csv").open())
-    assert sorted((r["row"], r["seed"]) for r in runs) == sorted(
-        (row, seed)
-        for row in ("fixmatch", "fixmatch-gn", "feddb", "feddb-literal-dma")
-        for seed in ("0", "1")
-    )
-
-
-@pytest.mark.slow
-def test_a_sweep_of_the_partial_clients_methods_reports_them(tmp_path):
-    """RSCFed and CBAFed through `feddb sweep` (in process, as `feddb local` runs: two rounds, the
-    labels at two of four clients, their scenario set by the sweep's run_config) and `feddb
-    report`."""
+def test_a_sweep_reports_each_row_as_its_own_cell(tmp_path):
+    """Real runs in process (as `feddb local` runs them: two rounds, the labels at two of four
+    clients, the scenario set by the sweep's run_config): fixmatch-gn and feddb-literal-dma are
+    cells of their own, not pooled under FixMatch and FedDB (they were: "seeds 0, 0"); RSCFed's
+    and CBAFed's rounds are their own, and the report gives the labeled clients' weight and the
+    worst class."""
     tiny = (
         "scenario='labels_at_partial_clients' num-server-rounds=2 overrides='fl.num_clients=4 "
         "fl.fraction_train=1.0 dataset.num_labeled=100 train.local_epochs=1 model.width=8 "
         "train.warmup_rounds=1'"
     )
-    out = sweep_and_report(tmp_path, "rscfed,cbafed", "0", tiny)
+    rows = ("fixmatch", "fixmatch-gn", "feddb", "feddb-literal-dma", "rscfed", "cbafed")
+    out = sweep_and_report(tmp_path, ",".join(rows), "0", tiny)
     cells = {r["method"]: r["seeds"] for r in csv.DictReader((out / "results.csv").open())}
-    assert cells == {"RSCFed": "1", "CBAFed": "1"}
+    assert cells == {
+        "FixMatch": "1",
+        "FixMatch [fixmatch-gn]": "1",
+        "FedDB": "1",
+        "FedDB, literal DMA": "1",
+        "RSCFed": "1",
+        "CBAFed": "1",
+    }
+    runs = csv.DictReader((out / "runs.csv").open())
+    assert sorted((r["row"], r["seed"]) for r in runs) == sorted((row, "0") for row in rows)
     md = (out / "results.md").read_text()
     section = md[md.index("### The labels at a few clients") :].split("\n\n")[1]
     for method in ("rscfed", "cbafed"):

@@ -205,3 +205,22 @@ def display_name(m: dict[str, Any]) -> str:
     """How reports name the method: its class's `display` (a run saved with a `display` in its
     configuration keeps that one)."""
     return m.get("display") or method_class(m["trainer"]).display
+
+
+def lost_client_state(cfg: dict, checkpoint_state, in_process: bool) -> str | None:
+    """Why resuming would lose what the run's clients keep between rounds, or None: a checkpoint
+    holds it only when the nodes ran in the server's process (`feddb local`, a sweep's default
+    launcher), and only such a run can give it back (feddb/launch.py and feddb/sweep.py ask).
+    `checkpoint_state()`: the checkpoint's state, read only when the clients keep something."""
+    kept = method_class(cfg["method"]["trainer"]).kept_between_rounds(cfg)
+    if not kept:
+        return None
+    what = f"its clients keep {' and '.join(kept)} between rounds"
+    if not checkpoint_state().get("nodes"):
+        return (
+            f"{what}, and its checkpoint (not written in process) does not hold them: "
+            "start it again"
+        )
+    if not in_process:
+        return f"{what}, which only an in-process run gives back: resume it with `feddb local`"
+    return None
