@@ -8,7 +8,8 @@ conf/sweeps/sweep/). The sweep has its own config root so that `dataset=`, `part
     feddb sweep -m row=fedavg,feddb seed=0,1,2 out=runs/mine run_config="num-server-rounds=20"
 
 A complete run (summary.json with every round) is skipped, an interrupted one resumed from its
-checkpoint, a failed one recorded in <out>/sweep_status.jsonl; at the end the sweep lists what it
+checkpoint (started again where its clients' kept state cannot be given back: `resumable`), a
+failed one recorded in <out>/sweep_status.jsonl; at the end the sweep lists what it
 ran, skipped and failed (with each failure's log) and exits 1 if anything failed. `--jobs N` runs
 N at once (Hydra's joblib launcher, each with cores / N CPU threads; the results do not depend on
 N, tested); `--mps` shares a GPU under NVIDIA's MPS (docs/speed.md: the fastest paper sweep).
