@@ -5,11 +5,12 @@ changed it, so a reader can check that the plan came before the runs."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fssl.provenance import git
 
 PROJECT = Path(__file__).resolve().parents[1]
 REQUIRED = ("endpoint", "test", "alpha", "fixed", "family")
@@ -17,17 +18,6 @@ REQUIRED = ("endpoint", "test", "alpha", "fixed", "family")
 
 class PlanError(ValueError):
     """A plan file that cannot be read or lacks what a report needs; the message says which."""
-
-
-def git(args: list[str]) -> str:
-    """What a git command prints in the checkout ("" without git or a repository)."""
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=PROJECT, capture_output=True, text=True, check=False
-        )
-    except OSError:
-        return ""
-    return done.stdout.strip()
 
 
 def shown_path(path: Path) -> str:
@@ -43,7 +33,7 @@ def commit_state(path: Path) -> str:
     'not committed'."""
     where = shown_path(path)
     commit, dirty = (
-        git(args + ["--", where])
+        git(*args, "--", where, cwd=PROJECT)
         for args in (["log", "-1", "--format=%h, %cs"], ["status", "--porcelain"])
     )
     if not commit:

@@ -14,7 +14,8 @@ from typing import Any
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-def _git(*args: str, cwd: Path) -> str | None:
+def git(*args: str, cwd: Path) -> str | None:
+    """What a git command prints in `cwd`; None without git, a repository or success."""
     try:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -28,10 +29,10 @@ def code_commit() -> tuple[str | None, bool | None]:
     env = os.environ.get("FEDDB_COMMIT")
     if env:
         return env, os.environ.get("FEDDB_DIRTY") == "1"
-    commit = _git("rev-parse", "HEAD", cwd=PROJECT)
+    commit = git("rev-parse", "HEAD", cwd=PROJECT)
     if commit is None:
         return None, None
-    dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=PROJECT)
+    dirty = git("status", "--porcelain", "--untracked-files=no", cwd=PROJECT)
     return commit, bool(dirty)
 
 
