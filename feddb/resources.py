@@ -214,6 +214,13 @@ def ray_head(enabled: bool, grace: float = 10.0) -> Iterator[RayHead | None]:
         "--temp-dir",
         str(temp),
         *(x for kv in ports.items() for x in kv),
+        # workers and drivers bind ports the OS picks, as under a local `ray.init()`: `ray start`
+        # hands out 10002-19999 in order from every head, so two runs side by side gave their
+        # drivers the same port and the second failed ("Failed to start the grpc server", 10002)
+        "--min-worker-port",
+        "0",
+        "--max-worker-port",
+        "0",
         # no idle workers: Flower's actors carry their own runtime env and start their own
         "--system-config",
         json.dumps({"enable_worker_prestart": False}),
