@@ -194,6 +194,8 @@ def load_runs(paths: list[Path], left_out: list[str] | None = None) -> list[dict
     for root in paths:
         for cfg_file in sorted(root.rglob("config.yaml")):
             run_dir = cfg_file.parent
+            if run_dir.name == ".hydra":  # Hydra's record of a sweep's launch, not a run
+                continue
             try:
                 run, why = read_run(run_dir)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:

@@ -812,6 +812,7 @@ def test_a_sweep_reports_each_row_as_its_own_cell(tmp_path):
     runs = csv.DictReader((out / "runs.csv").open())
     assert sorted((r["row"], r["seed"]) for r in runs) == sorted((row, "0") for row in rows)
     md = (out / "results.md").read_text()
+    assert (tmp_path / "out" / ".hydra").is_dir() and ".hydra" not in md  # not a run left out
     section = md[md.index("### The labels at a few clients") :].split("\n\n")[1]
     for method in ("rscfed", "cbafed"):
         run = tmp_path / "out" / "mnist10k_dir0.3" / method / "s0"
