@@ -18,10 +18,11 @@ env: $(BIN)/.installed
 run: env
 	$(BIN)/python -m feddb.launch --run-config "$(RUN_CONFIG)" $(ARGS)
 
-# two pytest processes of one thread each: the second fills the time the first waits on Flower
+# three pytest processes of one thread each: one runs the real Flower runs one after another (the
+# xdist group "flower": tests/conftest.py), two the rest, filling the time Flower waits
 # (ARGS="-n 0" runs it in one process)
 test: env
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 3 --dist loadgroup --durations=25 $(ARGS)
 
 lint: env
 	$(BIN)/ruff check .
