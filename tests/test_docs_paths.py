@@ -263,6 +263,7 @@ GENERATED = {
     *(f"docs/{d}/results.md" for d in ("methods_study", "miniature", "partitioners")),
     *(f"docs/{d}/results.md" for d in ("scenarios", "strategies", "softmatch", "global_prior")),
     "docs/uda/results.md",
+    "docs/partial_clients/results.md",
 }
 
 
