@@ -18,10 +18,10 @@ env: $(BIN)/.installed
 run: env
 	$(BIN)/python -m feddb.launch --run-config "$(RUN_CONFIG)" $(ARGS)
 
-# three pytest processes of one thread each: the first runs the real Flower runs one after another
-# (tests/conftest.py), the others the rest, filling the time Flower waits (ARGS="-n 0": one process)
+# two pytest processes of one thread each: the second fills the time the first waits on Flower
+# (ARGS="-n 0" runs it in one process)
 test: env
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 3 --dist worksteal --durations=25 $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 $(ARGS)
 
 lint: env
 	$(BIN)/ruff check .

@@ -178,11 +178,12 @@ def make_reply(arrays: dict[str, np.ndarray], metrics: dict, node: int) -> Messa
 
 def pytest_collection_modifyitems(items):
     """The real Flower runs (`slow`, a minute or two each) first: xdist's worksteal gives the first
-    process the front of the list, so it runs them one after another while the other processes
-    take the short tests, and none ends waiting on the last deployment. (Two at once was slower in
-    a clean-clone run, 920 s against 893 s, and a plain `flwr run`'s local SuperLink then missed
-    Flower's 15 s start-up limit. xdist_group cannot pin them: under pytest 9 the group xdist
-    appends to a test's id is lost.)"""
+    process the front of the list, so it runs them one after another while the other takes the
+    short tests, and neither ends waiting on the last deployment. (Two at once was slower in a
+    clean-clone run, 920 s against 893 s, and a plain `flwr run`'s local SuperLink then missed
+    Flower's 15 s start-up limit. A third process was no faster on the 2-core Xeon, 16 min 57 s
+    against 17 min 11 s, a SuperLink restart's test taking 240 s instead of 80. xdist_group cannot
+    pin them: under pytest 9 the group xdist appends to a test's id is lost.)"""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
