@@ -1163,22 +1163,26 @@ CAPTIONS = {
 }
 
 
+def caption(name: str, captions: dict[str, str] | None = None) -> str:
+    """A figure's caption: given, named in CAPTIONS, or the claims study's <regime>_<figure>
+    (a regime's name may hold underscores: exact_class_classes.png)."""
+    if name in (captions or {}):
+        return captions[name]
+    if name in CAPTIONS:
+        return CAPTIONS[name]
+    for figure in sorted(CAPTIONS, key=len, reverse=True):
+        if name.endswith("_" + figure):
+            return f"{name[: -len(figure) - 1]} regime. {CAPTIONS[figure]}"
+    return Path(name).stem.replace("_", " ")
+
+
 def embed(figs: list[Path], captions: dict[str, str] | None = None) -> str:
     """Markdown that shows the figures written beside results.md (`captions`: file name ->
     caption, for figures that CAPTIONS does not name)."""
     lines = ["", "### Figures", ""]
     for p in figs:
-        regime, _, figure = p.name.partition("_")  # the claims study's <regime>_<figure>
-        caption = (
-            (captions or {}).get(p.name)
-            or CAPTIONS.get(p.name)
-            or (
-                f"{regime} regime. {CAPTIONS[figure]}"
-                if figure in CAPTIONS
-                else p.stem.replace("_", " ")
-            )
-        )
-        lines += [f"{caption}:", "", f"![{caption}]({p.name})", ""]
+        text = caption(p.name, captions)
+        lines += [f"{text}:", "", f"![{text}]({p.name})", ""]
     return "\n".join(lines)
 
 

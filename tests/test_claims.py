@@ -3,11 +3,13 @@
 import csv
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from feddb.report import CAPTIONS, embed
 from fssl import identity
 from server_app.config import compose
 from studies import claims
@@ -813,3 +815,11 @@ def test_the_exact_point_in_the_authors_order_makes_the_older_runs_the_index_ord
     assert joint in section  # against the index-order point: one factor flipped
     assert "| 93.00 ± 0.00 | +1.00 [+1.00, +1.00] (sign test p 0.250; 3 pairs) |" in section
     assert "FedAvg" not in section.split("## ")[1]
+
+
+def test_a_regime_whose_name_holds_underscores_gets_its_figures_captions():
+    """The claims study names its figures <regime>_<figure>; exact_class's are captioned as that
+    regime's, not as an unnamed figure of a regime called "exact"."""
+    md = embed([Path("exact_class_classes.png"), Path("cpu_pseudo_labels.png")])
+    assert f"exact_class regime. {CAPTIONS['classes.png']}:" in md
+    assert f"cpu regime. {CAPTIONS['pseudo_labels.png']}:" in md
