@@ -310,9 +310,20 @@ def comparisons(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     out.append(row)
                     if row["primary"] and row["matched"]:
                         family.append(row)
-        for row, adjusted in zip(family, holm([deciding_p(r) for r in family])):
+        for row, adjusted in zip(family, family_holm_p(family, planned.get(regime))):
             row["p_holm"] = adjusted
     return out
+
+
+def family_holm_p(family: list[dict[str, Any]], planned: list[list[str]] | None) -> list[float]:
+    """Holm over a regime's family. A planned family keeps the plan's size: a comparison it lists
+    that has no p (runs missing, one seed) counts as p = 1, never shrinking the family."""
+    ps = [deciding_p(r) for r in family]
+    if planned is None:
+        return holm(ps)
+    settings = len({r["setting"] for r in family}) or 1
+    ps = [1.0 if math.isnan(p) else p for p in ps]
+    return holm(ps + [1.0] * max(0, len(planned) * settings - len(ps)))[: len(ps)]
 
 
 def planned_families() -> dict[str, list[list[str]]]:
@@ -345,6 +356,13 @@ def collapse_test(ra: dict[int, dict], rb: dict[int, dict], seeds: list[int]) ->
         "p_fisher": fisher(ca, n, cb, n),
         "on_counts": split(ca, n, cb, n),
     }
+
+
+def shared_start(cell: list[dict[str, Any]]) -> str:
+    """What a cell's pairs share before their methods part: the warm-up, where the regime has one."""
+    if any(r["cfg"]["train"]["warmup_rounds"] for r in cell):
+        return "their warm-up (the same global model, round by round)"
+    return "their seed's partition and initial model (the regime has no warm-up)"
 
 
 def deciding_p(row: dict[str, Any]) -> float:
@@ -615,7 +633,8 @@ def markdown(runs: list[dict[str, Any]], rows: list[dict[str, Any]], figs: list[
             "p_Holm: corrected, primary comparisons only (of Fisher's p where the collapse "
             "counts decide); signs: seeds above / below 0, with the exact sign test's p; "
             "collapsed: runs of each arm (Fisher's exact p). Both arms of each comparison share "
-            "their warm-up (the same global model, round by round) and kind of device:",
+            + shared_start(rs)
+            + " and kind of device:",
             "",
             "| claim | comparison | seeds | "
             + " | ".join(t for _, t, _ in METRICS)

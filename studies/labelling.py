@@ -2,11 +2,13 @@
 
 From the clients' records in metrics.jsonl (fssl.methods.base.LocalTrainer.label_stats): per true
 class, the pseudo-labels that weigh in the loss, how many of those are right, and per class of
-pseudo-label how many there are. Pooled over a cell's seeds, clients and semi-supervised rounds,
-they give each class's precision (right / labelled that class) and accuracy on its images (right /
-the class's images used). Per client, DPL's paired effect on pseudo-label accuracy (the same seed,
-so the same partition and warm-up), grouped by how skewed the client's unlabeled pool is (its
-largest class's share, partition_summary.json): which clients' labels it corrects."""
+pseudo-label how many there are. Pooled over the seeds every arm of a cell has, its clients and
+semi-supervised rounds, they give each class's precision (right / labelled that class) and
+accuracy on its kept images (right / the class's images whose pseudo-label weighs in the loss).
+Per client, DPL's paired effect on pseudo-label accuracy (the same seed, so the same partition and
+warm-up), grouped by how skewed the client's unlabeled pool is (its largest class's share,
+partition_summary.json): which clients' labels it corrects; the clients of a run share its model,
+so the sign test counts seeds (each seed's mean over a bin's clients), not clients."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def class_table(arms: dict[str, list[dict[str, Any]]]) -> list[str]:
     sums = {n: s for n, s in sums.items() if not isinstance(s[FIELDS[0]], int)}
     if not sums:
         return []
-    head = " | ".join(f"{n}: precision | {n}: right on the class's images" for n in sums)
+    head = " | ".join(f"{n}: precision | {n}: right on its kept images" for n in sums)
     out = [f"| class | {head} |", "|---" * (2 * len(sums) + 1) + "|"]
     cols = []
     for s in sums.values():
@@ -86,21 +88,27 @@ def skews(run_dir: Path) -> list[float]:
 
 def client_effect(arm: dict[int, dict], base: dict[int, dict], seeds: list[int]) -> list[str]:
     """Per bin of client skew: the paired per-client differences of pseudo-label accuracy (arm −
-    base, points) over the seeds' clients, their mean, and how many rose and fell."""
-    diffs: dict[tuple[float, float], list[float]] = defaultdict(list)
+    base, points) over the seeds' clients, their mean and how many rose and fell (descriptive:
+    the clients of one run share its global model, so they are not independent samples), and per
+    seed the mean over the bin's clients, the unit the sign test counts."""
+    diffs: dict[tuple[float, float], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for s in seeds:
         a, b, skew = client_accuracy(arm[s]), client_accuracy(base[s]), skews(arm[s]["dir"])
         for pid in sorted(a.keys() & b.keys()):
             at = next(x for x in SKEW_BINS if x[0] <= skew[pid] < x[1])
-            diffs[at].append(100 * (a[pid] - b[pid]))
+            diffs[at][s].append(100 * (a[pid] - b[pid]))
     out = []
     for lo, hi in SKEW_BINS:
-        d = diffs.get((lo, hi), [])
+        per_seed = diffs.get((lo, hi), {})
+        d = [x for v in per_seed.values() for x in v]
         if d:
-            test = paired_test(d)
+            test = paired_test([float(np.mean(v)) for v in per_seed.values()])
             up, down = test["signs"]
             out.append(
-                f"| {lo:.1f}–{min(hi, 1):.1f} | {len(d)} | {np.mean(d):+.2f} | {up} / {down} "
+                f"| {lo:.1f}–{min(hi, 1):.1f} | {len(d)} | {np.mean(d):+.2f} | "
+                f"{sum(x > 0 for x in d)} / {sum(x < 0 for x in d)} | {up} / {down} "
                 f"(sign test p {p_text(test['p_sign'])}) |"
             )
     return out
@@ -115,12 +123,18 @@ def markdown(cell: list[dict[str, Any]], pairable) -> list[str]:
             arms[r["variant"]][r["seed"]] = r
     if not arms:
         return []
-    out = [
-        "Pseudo-labels by class, pooled over seeds, clients and semi-supervised rounds, %:",
-        "",
-        *class_table({n: list(runs.values()) for n, runs in arms.items()}),
-        "",
-    ]
+    common = sorted(set.intersection(*(set(runs) for runs in arms.values())))
+    out = []
+    if common:  # every arm over the same seeds, so that the columns compare
+        out += [
+            "Pseudo-labels by class, pooled over the seeds every arm has "
+            f"({', '.join(map(str, common))}), clients and semi-supervised rounds, %; precision: "
+            "right / labelled that class; right on its kept images: right / the class's images "
+            "whose pseudo-label weighed in the loss:",
+            "",
+            *class_table({n: [runs[s] for s in common] for n, runs in arms.items()}),
+            "",
+        ]
     for a, b in effects(list(arms)):
         seeds = [s for s in sorted(arms[a].keys() & arms[b].keys())]
         seeds = [s for s in seeds if pairable(arms[a][s], arms[b][s]) is None]
@@ -128,11 +142,13 @@ def markdown(cell: list[dict[str, Any]], pairable) -> list[str]:
         if rows:
             out += [
                 f"{a} − {b}, each client's pseudo-label accuracy (mean over its semi-supervised "
-                f"rounds), paired per seed ({len(seeds)} seeds), by the client's largest "
-                "unlabeled class share:",
+                f"rounds), paired per seed ({len(seeds)} seed{'s' * (len(seeds) != 1)}), by the client's largest "
+                "unlabeled class share; clients: descriptive (one run's clients share its model); "
+                "seeds: the mean over the bin's clients of each seed, with the sign test:",
                 "",
-                "| largest class share | clients | mean difference, points | rose / fell |",
-                "|---|---|---|---|",
+                "| largest class share | clients | mean difference, points | clients rose / fell "
+                "| seeds rose / fell |",
+                "|---|---|---|---|---|",
                 *rows,
                 "",
             ]

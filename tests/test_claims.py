@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from feddb.report import CAPTIONS, embed
+from feddb.stats import holm
 from fssl import identity
 from server_app.config import compose
-from studies import claims
+from studies import claims, factors
 
 ROWS = {
     "fedavg": ["method=fedavg"],
@@ -567,7 +568,7 @@ def test_the_cause_study_tables_each_factor_against_the_exact_point(tmp_path):
     out = tmp_path / "out"
     assert claims.main([str(tmp_path), "--out", str(out)]) == 0
     md = (out / "claims.md").read_text()
-    section = md[md.index("## Why FixMatch collapses") :]
+    section = md[md.index("## Collapse in the exact regime") :]
     assert "| the exact point | FixMatch | 5 | 5 of 5 | – | – | 11.00 ± 0.00 | – |" in section
     gn = next(
         line for line in section.splitlines() if line.startswith("| model.norm=gn | FixMatch |")
@@ -773,8 +774,9 @@ def test_a_planned_regime_is_decided_by_its_plans_family_and_shows_its_pseudo_la
     md = (out / "claims.md").read_text()
     assert "- exact_class: family fixed before the runs" in md
     assert "| 0 | 100.0 | 60.0 | 100.0 | 80.0 | 100.0 | 80.0 |" in md  # precision, right on class
-    assert "| 0.8–1.0 | 3 | +10.00 | 3 / 0" in md  # the skewed client, per seed
-    assert "| 0.5–0.8 | 3 | +10.00 | 3 / 0" in md
+    # the skewed client in each of 3 seeds: its clients descriptive, its seeds sign-tested
+    assert "| 0.8–1.0 | 3 | +10.00 | 3 / 0 | 3 / 0 (sign test p 0.250) |" in md
+    assert "| 0.5–0.8 | 3 | +10.00 | 3 / 0 | 3 / 0 (sign test p 0.250) |" in md
     assert "## Verdicts under other families" not in md or "exact_class |" not in md
 
 
@@ -808,7 +810,7 @@ def test_the_exact_point_in_the_authors_order_makes_the_older_runs_the_index_ord
     out = tmp_path / "out"
     assert claims.main([str(tmp_path), "--out", str(out)]) == 0
     md = (out / "claims.md").read_text()
-    section = md[md.index("## Why FixMatch collapses") :]
+    section = md[md.index("## Collapse in the exact regime") :]
     assert "| the exact point | FixMatch | 3 | 3 of 3 |" in section  # exact_class's, not FedAvg
     assert "| partition.pool_order=index | FixMatch | 3 | 0 of 3 | 0.100 |" in section
     joint = "| partition.pool_order=index, train.forward=joint | FixMatch | 3 | 0 of 3 | 1.000 |"
@@ -823,3 +825,27 @@ def test_a_regime_whose_name_holds_underscores_gets_its_figures_captions():
     md = embed([Path("exact_class_classes.png"), Path("cpu_pseudo_labels.png")])
     assert f"exact_class regime. {CAPTIONS['classes.png']}:" in md
     assert f"cpu regime. {CAPTIONS['pseudo_labels.png']}:" in md
+
+
+def test_a_planned_family_keeps_its_size_when_a_comparison_has_no_p(tmp_path):
+    """The plan fixes exact_class's family at three comparisons: with the global prior's runs at
+    one seed (no p), the other two are still corrected over three, that one counted as p = 1."""
+    exact = {"regime": "exact_class", "experiment": "miniature_authors_exact", "warmup": 0}
+    for seed in range(3):
+        fake_run(tmp_path, "fedavg", seed, 0.80 + seed / 100, 0.5, 0.14, **exact)
+        fake_run(tmp_path, "fixmatch", seed, 0.90 + seed / 200, 0.7, 0.12, **exact)
+        fake_run(tmp_path, "fixmatch-feddpl", seed, 0.85 + seed / 150, 0.7, 0.12, **exact)
+    fake_run(tmp_path, "fixmatch-feddpl-global", 0, 0.92, 0.7, 0.12, **exact)
+    out = tmp_path / "out"
+    assert claims.main([str(tmp_path), "--out", str(out)]) == 0
+    rows = [r for r in csv.DictReader((out / "claims.csv").open()) if r["primary"] == "1"]
+    p = {r["a"].partition(",")[0]: float(r["p"]) for r in rows if r["p"] not in ("", "nan")}
+    expected = holm([p["FixMatch"], p["FixMatch-FedDPL"], 1.0])
+    got = {a: float(r["p_holm"]) for r in rows if (a := r["a"].partition(",")[0]) in p}
+    assert got == pytest.approx({"FixMatch": expected[0], "FixMatch-FedDPL": expected[1]}, 1e-4)
+    assert got != pytest.approx(dict(zip(p, holm(list(p.values())))), 1e-4)  # not a family of 2
+
+
+def test_the_cause_study_pairs_a_cell_with_its_reference_excepting_only_the_factor_it_flips():
+    assert factors.flipped("partition.pool_order=index, train.forward=joint") == ("train.forward",)
+    assert factors.flipped("partition.pool_order=index") == ("partition.pool_order",)
