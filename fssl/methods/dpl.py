@@ -7,8 +7,8 @@ agreement rule.
 
 What it divides by (`dpl_prior`): `local` (the paper) the client's APP-U, which removes the
 model's bias together with the client's own class skew; `global` the server's aggregated APP-U
-sent with the model, which removes the model's bias and keeps the client's skew (nothing before
-the server has aggregated one)."""
+sent with the model: the model's bias over the pools of the last round's clients, their class mix
+included, not this client's own skew (nothing before the server has aggregated one)."""
 
 from __future__ import annotations
 
