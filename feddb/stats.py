@@ -67,12 +67,17 @@ def split(collapsed_a: int, runs_a: int, collapsed_b: int, runs_b: int) -> bool:
     return 0 < total < runs_a + runs_b
 
 
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family."""
+def holm(pvalues: list[float], size: int | None = None) -> list[float]:
+    """Holm's step-down adjustment (family-wise error rate), NaN kept out of the family. `size`:
+    a family fixed beforehand (a plan's); the comparisons it holds beyond these, and any NaN
+    here, count as p = 1, so that missing runs never shrink it."""
+    if size is not None:
+        pvalues = [1.0 if math.isnan(p) else p for p in pvalues]
+    unseen = max(0, (size or 0) - len(pvalues))  # the family's comparisons not given, p = 1
     idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
     out, running = [math.nan] * len(pvalues), 0.0
     for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (len(idx) - rank) * pvalues[i]))
+        running = max(running, min(1.0, (len(idx) + unseen - rank) * pvalues[i]))
         out[i] = running
     return out
 

@@ -321,9 +321,7 @@ def family_holm_p(family: list[dict[str, Any]], planned: list[list[str]] | None)
     ps = [deciding_p(r) for r in family]
     if planned is None:
         return holm(ps)
-    settings = len({r["setting"] for r in family}) or 1
-    ps = [1.0 if math.isnan(p) else p for p in ps]
-    return holm(ps + [1.0] * max(0, len(planned) * settings - len(ps)))[: len(ps)]
+    return holm(ps, size=len(planned) * (len({r["setting"] for r in family}) or 1))
 
 
 def planned_families() -> dict[str, list[list[str]]]:

@@ -118,3 +118,11 @@ def test_identical_non_zero_differences_have_no_t_test_and_print_cleanly():
     cells = {x.split(" | ")[1]: x.split(" | ")[6:9] for x in paired_table(rows, "it is")[2:]}
     assert cells["FixMatch − FedAvg"] == ["–", "–", "0.250"]
     assert cells["FedDB − FedAvg"][1] == cells["FedDB − FedAvg"][0]  # Holm over one p-value
+
+
+def test_a_family_fixed_beforehand_keeps_its_size_in_holm():
+    """A plan's family of three with one comparison missing and one without a p: each absent one
+    counts as p = 1, so the one p is multiplied by three, never by one."""
+    assert holm([0.01, math.nan], size=3) == [0.03, 1.0]
+    assert [round(p, 12) for p in holm([0.01, 0.02], size=3)] == [0.03, 0.04]
+    assert holm([0.01, math.nan])[0] == 0.01  # no size: the family is the p-values given
